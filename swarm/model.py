@@ -1,0 +1,260 @@
+"""Value types shared by every layer: tasks, their lifecycle, members and load reports.
+
+Everything here is pure data plus the task lifecycle state machine. Nothing imports
+trio, sockets or the clock: times are passed in as plain floats (wall-clock seconds
+since the epoch for anything journaled, so a record means the same after a restart).
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+NodeId = str
+TaskId = str
+
+DEFAULT_SHARES = 1024
+
+
+def new_task_id() -> TaskId:
+    """Random, url-safe, sortable enough for humans; unique across the cluster."""
+    return "t" + secrets.token_hex(8)
+
+
+class TaskState(enum.Enum):
+    QUEUED = "queued"
+    TRANSFERRING = "transferring"
+    RUNNING = "running"
+    MIGRATING = "migrating"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.LOST}
+)
+
+# Legal moves of the lifecycle. QUEUED may go back from RUNNING (agent restart, node
+# death) because execution is at-least-once; terminal states are final so that the
+# recorded result is exactly-once.
+_T = TaskState
+ALLOWED_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
+    _T.QUEUED: frozenset({_T.RUNNING, _T.TRANSFERRING, _T.CANCELLED, _T.FAILED, _T.LOST}),
+    _T.TRANSFERRING: frozenset({_T.QUEUED, _T.RUNNING, _T.CANCELLED, _T.FAILED, _T.LOST}),
+    _T.RUNNING: frozenset(
+        {_T.SUCCEEDED, _T.FAILED, _T.CANCELLED, _T.QUEUED, _T.MIGRATING, _T.LOST}
+    ),
+    _T.MIGRATING: frozenset(
+        {_T.RUNNING, _T.QUEUED, _T.SUCCEEDED, _T.FAILED, _T.CANCELLED, _T.LOST}
+    ),
+    _T.SUCCEEDED: frozenset(),
+    _T.FAILED: frozenset(),
+    _T.CANCELLED: frozenset(),
+    _T.LOST: frozenset(),
+}
+
+
+class IllegalTransition(Exception):
+    """A lifecycle move the state machine forbids (a bug or a stale message)."""
+
+    def __init__(self, task_id: TaskId, src: TaskState, dst: TaskState) -> None:
+        super().__init__(f"task {task_id}: illegal transition {src.value} -> {dst.value}")
+        self.task_id = task_id
+        self.src = src
+        self.dst = dst
+
+
+class MigrateMode(enum.Enum):
+    NEVER = "never"
+    CHECKPOINT = "checkpoint"
+    RESTART = "restart"
+    CRIU = "criu"
+
+
+@attrs.frozen
+class GpuRequest:
+    """A GPU slice request after Koordinator's rules (validated in policy.gpu).
+
+    core: percent of one device (1-100) or a multiple of 100 for whole devices.
+    memory_bytes / memory_ratio: at most one of them is set.
+    """
+
+    core: int
+    memory_bytes: int | None = None
+    memory_ratio: int | None = None
+
+
+@attrs.frozen
+class TaskSpec:
+    """What the submitter asked for. Immutable once accepted."""
+
+    id: TaskId
+    argv: tuple[str, ...]
+    name: str = ""
+    env: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    cwd: str | None = None
+    weight: float = 1.0
+    reserve_shares: int = 0
+    is_global: bool = False
+    labels: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    uid: int | None = None
+    user: str | None = None
+    no_retry: bool = False
+    cpu: float | None = None  # CPU request in cores
+    mem: int | None = None  # memory request in bytes
+    gpu: GpuRequest | None = None
+    migrate: MigrateMode = MigrateMode.NEVER
+    expected_runtime: float | None = None
+    submitted_at: float = 0.0
+    home: NodeId = ""  # the node the task was submitted at; owns its record
+
+
+@attrs.frozen
+class Transition:
+    """One journaled lifecycle move: when, from what, to what, why, and where."""
+
+    at: float
+    src: TaskState | None
+    dst: TaskState
+    cause: str
+    node: NodeId = ""
+
+
+@attrs.frozen
+class Task:
+    """A task's current record at its home node. Changed only through `transition`."""
+
+    spec: TaskSpec
+    state: TaskState = TaskState.QUEUED
+    node: NodeId = ""  # where it is queued or running now
+    attempts: int = 0  # how many times a process was started
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    history: tuple[Transition, ...] = ()
+
+    @property
+    def id(self) -> TaskId:
+        return self.spec.id
+
+
+def new_task(spec: TaskSpec, now: float, node: NodeId, cause: str = "submitted") -> Task:
+    return Task(
+        spec=spec,
+        state=TaskState.QUEUED,
+        node=node,
+        created_at=now,
+        history=(Transition(now, None, TaskState.QUEUED, cause, node),),
+    )
+
+
+def transition(
+    task: Task,
+    dst: TaskState,
+    now: float,
+    cause: str,
+    *,
+    node: NodeId | None = None,
+    exit_code: int | None = None,
+    signal: int | None = None,
+) -> Task:
+    """Move `task` to `dst`, or raise IllegalTransition. Pure: returns a new Task."""
+    if dst not in ALLOWED_TRANSITIONS[task.state]:
+        raise IllegalTransition(task.id, task.state, dst)
+    where = task.node if node is None else node
+    changes: dict[str, Any] = {
+        "state": dst,
+        "node": where,
+        "history": (*task.history, Transition(now, task.state, dst, cause, where)),
+    }
+    if dst is TaskState.RUNNING and task.state is not TaskState.MIGRATING:
+        changes["attempts"] = task.attempts + 1
+        changes["started_at"] = now
+    if dst is TaskState.QUEUED:
+        changes["started_at"] = None
+    if dst.terminal:
+        changes["finished_at"] = now
+        changes["exit_code"] = exit_code
+        changes["signal"] = signal
+        changes["reason"] = cause
+    return attrs.evolve(task, **changes)
+
+
+def exit_status(exit_code: int | None, signal: int | None) -> int:
+    """Shell convention: the exit code, or 128 + signal number if killed by a signal."""
+    if signal is not None:
+        return 128 + signal
+    return 0 if exit_code is None else exit_code
+
+
+class MemberState(enum.Enum):
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"
+
+
+@attrs.frozen
+class Member:
+    """A peer as this node knows it from gossip."""
+
+    node: NodeId
+    addr: str
+    port: int
+    state: MemberState = MemberState.ALIVE
+    incarnation: int = 0
+    cluster: str = ""
+
+
+@attrs.frozen
+class GpuDeviceFree:
+    """Compact per-device GPU summary carried in load reports."""
+
+    index: int
+    free_core: int  # 0-100
+    free_mem: int  # bytes
+    total_mem: int  # bytes
+
+
+@attrs.frozen
+class LoadReport:
+    """A node's self-reported load, versioned; peers keep the newest and its age.
+
+    `version` increases with every new report from the same node (and across restarts,
+    because it starts from the wall clock in milliseconds).
+    """
+
+    node: NodeId
+    version: int
+    shares: int = DEFAULT_SHARES
+    reserved_shares: int = 0  # shares consumed by running tasks with reservations
+    weight_sum: float = 0.0  # sum of weights of tasks queued or running here
+    queued: int = 0
+    running: int = 0
+    slots: int = 1
+    cpu_util: float = 0.0  # 0..1 of the whole machine
+    load_per_core: float = 0.0  # 1-minute load average / cores
+    mem_available: int = 0  # bytes
+    mem_total: int = 0
+    psi_cpu: float = 0.0  # /proc/pressure/cpu some avg10 (percent)
+    psi_mem: float = 0.0
+    gpus: tuple[GpuDeviceFree, ...] = ()
+    isolation: str = "none"  # cgroup2 | cgroup1 | none
+    criu: bool = False
+
+    @property
+    def draining(self) -> bool:
+        return self.shares <= 0
