@@ -247,6 +247,7 @@ class LoadReport:
     slots: int = 1
     cpu_util: float = 0.0  # 0..1 of the whole machine
     load_per_core: float = 0.0  # 1-minute load average / cores
+    cpus: float = 0.0  # cores usable by tasks (0 = not reported); placement CPU-fit check
     mem_available: int = 0  # bytes
     mem_total: int = 0
     psi_cpu: float = 0.0  # /proc/pressure/cpu some avg10 (percent)
