@@ -1,0 +1,432 @@
+"""`swarm ...` commands.
+
+Exit codes: 0 ok, 1 task or operation failed, 2 usage or invalid request,
+69 agent unreachable (EX_UNAVAILABLE, with the socket that was tried).
+Light to import: the agent (and trio) is loaded only by `swarm agent`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from . import __version__
+from .client import AgentUnreachable, Client, ClientError, RequestFailed
+from .config import OPTIONS, ConfigError, default_socket_path
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 69
+
+_INVALID_CODES = {"invalid", "bad_request", "malformed", "frame_too_large", "version", "unknown_op", "conflict"}
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _die(message: str, code: int) -> NoReturn:
+    print(f"swarm: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _client(args: argparse.Namespace) -> Client:
+    path = getattr(args, "socket", None)
+    return Client(Path(path) if path else default_socket_path())
+
+
+def _task_exit(task: dict[str, Any]) -> int:
+    """Exit status for --wait / wait: the task's own code, 128+signal if killed."""
+    state = task.get("state")
+    if state == "succeeded":
+        return 0
+    sig = task.get("signal")
+    if sig is not None:
+        return 128 + int(sig)
+    code = task.get("exit_code")
+    if code is not None:
+        return int(code) if 0 <= int(code) <= 255 else 1
+    return 1
+
+
+def _fmt_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{s / 60:.1f}m"
+    if s < 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def _table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
+    widths = [len(h) for h in headers]
+    for r in rows:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
+    for r in rows:
+        lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
+    return "\n".join(lines)
+
+
+def _cmd_str(argv: Sequence[str], width: int = 40) -> str:
+    s = " ".join(argv)
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _task_runtime(t: dict[str, Any], now: float) -> float | None:
+    if t.get("started_at") is None:
+        return None
+    end = t.get("finished_at") or now
+    return float(end) - float(t["started_at"])
+
+
+def _parse_env(items: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for it in items:
+        if "=" not in it:
+            raise CliError(f"--env expects KEY=VALUE, got {it!r}", EXIT_USAGE)
+        k, v = it.split("=", 1)
+        env[k] = v
+    return env
+
+
+def _parse_bytes(text: str) -> int:
+    from .policy.gpu import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from .config import load_config
+
+    flags: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if not opt.cli:
+            continue
+        v = getattr(args, "opt_" + opt.attr, None)
+        if v is not None:
+            flags[opt.name] = v
+    if "socket" not in flags and getattr(args, "socket", None):
+        flags["socket"] = args.socket
+    try:
+        config = load_config(file=Path(args.config) if args.config else None, flags=flags)
+    except ConfigError as e:
+        raise CliError(f"config error: {e}", EXIT_USAGE) from None
+
+    import trio
+
+    from .agent import Agent
+
+    agent = Agent(config)
+    try:
+        trio.run(agent.run)
+    except OSError as e:
+        raise CliError(f"agent failed to start: {e.strerror or e}", EXIT_FAILED) from None
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError("submit: give the command to run after --, e.g. swarm submit -- echo hi", EXIT_USAGE)
+    env = _parse_env(args.env or [])
+    if args.export_env:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")} | env
+    elif "PATH" not in env and os.environ.get("PATH"):
+        env["PATH"] = os.environ["PATH"]
+    extra: dict[str, Any] = {}
+    if args.reserve_shares:
+        extra["reserve_shares"] = args.reserve_shares
+    if args.is_global:
+        extra["is_global"] = True
+    if args.cpu is not None:
+        extra["cpu"] = args.cpu
+    if args.mem is not None:
+        extra["mem"] = _parse_bytes(args.mem)
+    if args.label:
+        extra["labels"] = _parse_env(args.label)
+    if args.migrate:
+        extra["migrate"] = args.migrate
+    if args.expected_runtime is not None:
+        extra["expected_runtime"] = args.expected_runtime
+    gpu = _gpu_request(args)
+    if gpu is not None:
+        extra["gpu"] = gpu
+    with _client(args) as c:
+        tid = c.submit(
+            command,
+            name=args.name,
+            env=env,
+            cwd=os.path.abspath(args.cwd) if args.cwd else None,
+            weight=args.weight,
+            no_retry=args.no_retry,
+            **extra,
+        )
+        if not args.wait:
+            if args.json:
+                print(json.dumps({"id": tid}))
+            else:
+                print(tid)
+            return EXIT_OK
+        task = c.wait(tid)
+    if args.json:
+        print(json.dumps(task))
+    else:
+        print(tid)
+    return _task_exit(task)
+
+
+def _gpu_request(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.gpu is None and args.gpu_core is None and args.gpu_memory is None and args.gpu_memory_ratio is None:
+        return None
+    from . import wire
+    from .policy import gpu as gpu_policy
+
+    mem = _parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None
+    try:
+        req = gpu_policy.request_from_flags(args.gpu, args.gpu_core, mem, args.gpu_memory_ratio)
+    except gpu_policy.GpuRequestError as e:
+        raise CliError(f"invalid GPU request: {e}", EXIT_USAGE) from None
+    return None if req is None else wire.gpu_request_to_wire(req)
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        tasks = c.list(all=args.all, limit=args.limit)
+    if args.json:
+        print(json.dumps(tasks))
+        return EXIT_OK
+    now = time.time()
+    rows = []
+    for t in tasks:
+        spec = t["spec"]
+        code = "-"
+        if t.get("signal") is not None:
+            code = f"sig{t['signal']}"
+        elif t.get("exit_code") is not None:
+            code = str(t["exit_code"])
+        rows.append(
+            [
+                t["spec"]["id"],
+                spec.get("name") or "-",
+                t["state"],
+                t.get("node") or "-",
+                code,
+                _fmt_age(_task_runtime(t, now)),
+                _fmt_age(now - float(t.get("created_at") or now)),
+                _cmd_str(spec["argv"]),
+            ]
+        )
+    print(_table(rows, ["ID", "NAME", "STATE", "NODE", "EXIT", "RUNTIME", "AGE", "COMMAND"]))
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        t = c.status(args.id)
+    if args.json:
+        print(json.dumps(t))
+        return EXIT_OK
+    print(format_status(t))
+    return EXIT_OK
+
+
+def format_status(t: dict[str, Any]) -> str:
+    spec = t["spec"]
+    now = time.time()
+    lines = [
+        f"id:        {spec['id']}",
+        f"name:      {spec.get('name') or '-'}",
+        f"state:     {t['state']}" + (f" ({t['reason']})" if t.get("reason") else ""),
+        f"node:      {t.get('node') or '-'}   home: {spec.get('home') or '-'}",
+        f"command:   {' '.join(spec['argv'])}",
+        f"user:      {spec.get('user') or spec.get('uid')}",
+        f"weight:    {spec.get('weight')}   attempts: {t.get('attempts')}",
+    ]
+    if t.get("exit_code") is not None or t.get("signal") is not None:
+        lines.append(f"exit:      code={t.get('exit_code')} signal={t.get('signal')}")
+    lines.append(f"runtime:   {_fmt_age(_task_runtime(t, now))}")
+    lines.append("history:")
+    for h in t.get("history", []):
+        at = time.strftime("%H:%M:%S", time.localtime(h["at"])) + f".{int((h['at'] % 1) * 1000):03d}"
+        lines.append(f"  {at}  {h.get('src') or '-':>12} -> {h['dst']:<12} {h.get('node') or ''}  {h['cause']}")
+    return "\n".join(lines)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+    with _client(args) as c:
+        for chunk in c.logs(args.id, stderr=args.stderr, follow=args.follow):
+            out.write(chunk)
+            out.flush()
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        for tid in args.ids:
+            try:
+                r = c.cancel(tid)
+                print(f"{tid} {r['task']['state']}")
+            except RequestFailed as e:
+                if e.code == "finished":
+                    print(f"swarm: {e.message}", file=sys.stderr)
+                    return EXIT_FAILED
+                raise
+    return EXIT_OK
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        worst = 0
+        for tid in args.ids:
+            r = c.call("wait", id=tid, timeout=args.timeout)
+            if r.get("timed_out"):
+                print(f"swarm: timed out waiting for {tid} ({r['task']['state']})", file=sys.stderr)
+                return EXIT_FAILED
+            code = _task_exit(r["task"])
+            if args.json:
+                print(json.dumps(r["task"]))
+            worst = worst or code
+    return worst
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        print(json.dumps(c.info(), indent=2))
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--socket",
+        default=argparse.SUPPRESS,
+        help="agent socket (env SWARM_SOCKET; default per user)",
+    )
+    p = argparse.ArgumentParser(prog="swarm", description="decentralized load-sharing agent", parents=[common])
+    p.add_argument("--version", action="version", version=f"swarm {__version__}")
+    sub = p.add_subparsers(dest="command_name", metavar="COMMAND")
+    sub.required = True
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:  # noqa: A002
+        sp = sub.add_parser(name, help=help, description=help, parents=[common])
+        sp.set_defaults(fn=fn)
+        return sp
+
+    a = add("agent", cmd_agent, "run the agent (one per host)")
+    a.add_argument("--config", help="TOML config file (env SWARM_CONFIG)")
+    for opt in OPTIONS:
+        if not opt.cli or opt.name == "socket":
+            continue
+        flag = "--" + opt.name
+        dest = "opt_" + opt.attr
+        if opt.kind == "bool":
+            a.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=opt.help)
+        else:
+            a.add_argument(flag, dest=dest, default=None, metavar=opt.kind.upper(), help=opt.help)
+    a.set_defaults(opt_socket=None)
+
+    s = add("submit", cmd_submit, "submit a command; prints the task id")
+    s.add_argument("--name", help="a name for the task")
+    s.add_argument("--weight", type=float, help="task weight for the load index (default 1.0)")
+    s.add_argument("--env", action="append", metavar="K=V", help="environment variable (repeatable)")
+    s.add_argument("--export-env", action="store_true", help="pass this whole environment to the task")
+    s.add_argument("--cwd", help="working directory (default: the current one)")
+    s.add_argument("--no-retry", action="store_true", help="never run twice: fail/lose instead of re-running")
+    s.add_argument("--reserve-shares", type=int, default=0, metavar="N", help="shares reserved while it runs")
+    s.add_argument("--global", dest="is_global", action="store_true", help="run once on every node")
+    s.add_argument("--cpu", type=float, help="CPU request in cores")
+    s.add_argument("--mem", help="memory request, e.g. 512M, 2GiB")
+    s.add_argument("--gpu", type=int, help="GPU percent of one device, or a multiple of 100")
+    s.add_argument("--gpu-core", type=int, help="GPU core percent (with --gpu-memory or --gpu-memory-ratio)")
+    s.add_argument("--gpu-memory", help="GPU memory, e.g. 8GiB")
+    s.add_argument("--gpu-memory-ratio", type=int, help="GPU memory percent of one device")
+    s.add_argument("--label", action="append", metavar="K=V", help="label (repeatable)")
+    s.add_argument("--migrate", choices=["never", "checkpoint", "restart", "criu"], help="migration mode")
+    s.add_argument("--expected-runtime", type=float, metavar="SECONDS", help="expected run time")
+    s.add_argument("--wait", action="store_true", help="wait and exit with the task's exit code")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+    ps = add("ps", cmd_ps, "list tasks")
+    ps.add_argument("--all", "-a", action="store_true", help="include finished tasks")
+    ps.add_argument("--limit", type=int, default=None, help="at most this many tasks")
+    ps.add_argument("--json", action="store_true")
+
+    st = add("status", cmd_status, "show one task")
+    st.add_argument("id")
+    st.add_argument("--json", action="store_true")
+
+    lg = add("logs", cmd_logs, "print a task's output")
+    lg.add_argument("id")
+    lg.add_argument("-f", "--follow", action="store_true", help="follow until the task ends")
+    lg.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+
+    cn = add("cancel", cmd_cancel, "cancel tasks (kills the whole process tree)")
+    cn.add_argument("ids", nargs="+", metavar="ID")
+
+    w = add("wait", cmd_wait, "wait for tasks; exit with the first failing task's code")
+    w.add_argument("ids", nargs="+", metavar="ID")
+    w.add_argument("--timeout", type=float, help="give up after SECONDS (exit 1)")
+    w.add_argument("--json", action="store_true")
+
+    add("info", cmd_info, "show the local agent's status")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except CliError as e:
+        print(f"swarm: {e}", file=sys.stderr)
+        return e.code
+    except AgentUnreachable as e:
+        print(f"swarm: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except RequestFailed as e:
+        print(f"swarm: {e.message}", file=sys.stderr)
+        return EXIT_USAGE if e.code in _INVALID_CODES else EXIT_FAILED
+    except ClientError as e:
+        print(f"swarm: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""Agent configuration: TOML file < SWARM_* environment < command-line flags.
+
+Options are declared once in OPTIONS (name, type, default, help); the loader, the
+environment mapping (`state-dir` -> SWARM_STATE_DIR), the CLI flags and the example
+config in deploy/ all derive from that table, so they cannot drift apart.
+
+Invalid configuration raises ConfigError naming the key and where the bad value came
+from; the CLI turns it into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+
+class ConfigError(Exception):
+    def __init__(self, key: str, message: str, source: str = "") -> None:
+        where = f" (from {source})" if source else ""
+        super().__init__(f"{key}: {message}{where}")
+        self.key = key
+        self.source = source
+
+
+@attrs.frozen
+class Option:
+    name: str
+    kind: str  # "int" | "float" | "str" | "bool" | "path" | "list" | "raw"
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None  # returns an error message or None
+    cli: bool = True  # exposed as --name on `swarm agent`
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "SWARM_" + self.name.replace("-", "_").upper()
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else "must be greater than 0"
+
+
+def _non_negative(v: Any) -> str | None:
+    return None if v >= 0 else "must be 0 or more"
+
+
+def _port(v: Any) -> str | None:
+    return None if 0 <= v <= 65535 else "must be a port number 0-65535"
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+def _fraction(v: Any) -> str | None:
+    return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("node-id", "str", None, "this node's name in the cluster (default: hostname)"),
+    Option("cluster", "str", "swarm", "cluster name; nodes of other clusters are never admitted"),
+    Option("state-dir", "path", None, "journal, logs and snapshots (default per user)"),
+    Option("socket", "path", None, "local submit socket (default per user)"),
+    Option("socket-group", "str", None, "group owning the submit socket (mode 0660)"),
+    Option("slots", "int", None, "tasks run at once on this node (default: CPUs)", _positive),
+    Option("shares", "int", 1024, "this node's shares (0 = drain)", _non_negative),
+    Option("kill-grace", "float", 10.0, "seconds between SIGTERM and SIGKILL", _non_negative),
+    Option("port", "int", 7946, "UDP+TCP port for gossip and transfer (0 = any)", _port),
+    Option("bind", "str", "0.0.0.0", "address to bind the cluster port to"),
+    Option("advertise", "str", None, "address peers should use to reach this node"),
+    Option("seeds", "list", [], "static peers host:port to join (comma-separated)"),
+    Option("mdns", "bool", True, "discover peers with zeroconf/mDNS"),
+    Option("mdns-interfaces", "list", [], "interfaces (addresses) for mDNS (default all)"),
+    Option("keyring", "path", None, "cluster key file (see `swarm keygen`)"),
+    Option("insecure", "bool", False, "run without encryption (refused unless set)"),
+    Option("profile", "str", "lan", "timing profile: lan or local", _one_of("lan", "local")),
+    Option("faults", "str", None, "transport fault shim, e.g. drop=0.2,seed=1 (tests only)"),
+    Option("metrics", "str", None, "serve Prometheus metrics on ADDR:PORT"),
+    Option("placement-d", "int", 2, "peers sampled per placement (power of d choices)", _positive),
+    Option("allow-root-tasks", "bool", False, "let root submit tasks that run as root"),
+    Option("log-format", "str", "logfmt", "stderr log format", _one_of("logfmt", "json")),
+    Option("log-level", "str", "info", "log level", _one_of("debug", "info", "warning", "error")),
+    Option("join-wait", "float", 5.0, "seconds to wait for peers before READY", _non_negative),
+    Option("report-interval", "float", 1.0, "seconds between local load samples", _positive),
+    Option("qos-psi-target", "float", 50.0, "PSI some avg10 (%) above which QoS is violated"),
+    Option("migration", "str", "on", "migration: on, off or dry-run", _one_of("on", "off", "dry-run")),
+    Option("checkpoint-signal", "str", "SIGUSR1", "signal asking a task to checkpoint"),
+    Option("checkpoint-exit-code", "int", 85, "exit code meaning 'checkpointed, move me'"),
+    Option("checkpoint-timeout", "float", 30.0, "seconds a task has to checkpoint", _positive),
+    Option("bandwidth", "float", 100e6, "default bytes/s between nodes for migration costs", _positive),
+    Option("gpu-policy", "str", "binpack", "GPU slice placement", _one_of("binpack", "spread")),
+    Option("mps", "bool", False, "an MPS control daemon runs: set MPS limits for tasks"),
+    Option("gpus", "raw", [], "declared GPU devices (list of tables) for hosts without NVML", cli=False),
+    Option("transfer-low", "float", 0.5, "load below which a node is a receiver", _non_negative),
+    Option("transfer-high", "float", 1.0, "load above which a node is a sender", _non_negative),
+)
+
+OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
+
+
+def _default_paths(uid: int) -> tuple[Path, Path]:
+    """Root gets the system paths; everyone else gets per-user paths that need no setup."""
+    if uid == 0:
+        return Path("/var/lib/swarm"), Path("/run/swarm/swarm.sock")
+    xdg_state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    state = Path(xdg_state) / "swarm"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        sock = Path(runtime) / "swarm" / "swarm.sock"
+    else:
+        sock = Path(tempfile.gettempdir()) / f"swarm-{uid}" / "swarm.sock"
+    return state, sock
+
+
+def default_socket_path() -> Path:
+    """Where a client looks for the agent when nothing says otherwise."""
+    env = os.environ.get("SWARM_SOCKET")
+    if env:
+        return Path(env)
+    return _default_paths(os.getuid())[1]
+
+
+def _coerce(opt: Option, value: Any, source: str) -> Any:
+    """Turn a TOML value or a string (env/CLI) into the option's type."""
+    kind = opt.kind
+    from_text = isinstance(value, str) and kind not in ("str", "path")
+    try:
+        if kind == "raw":
+            return value
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if from_text:
+                low = value.strip().lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+            raise ValueError("must be true or false")
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ValueError("must be an integer")
+            if isinstance(value, int):
+                return value
+            if from_text:
+                return int(value.strip(), 10)
+            raise ValueError("must be an integer")
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError("must be a number")
+            if isinstance(value, (int, float)):
+                return float(value)
+            if from_text:
+                return float(value.strip())
+            raise ValueError("must be a number")
+        if kind in ("str", "path"):
+            if not isinstance(value, str) or (kind == "path" and not value):
+                raise ValueError("must be a non-empty string" if kind == "path" else "must be a string")
+            return Path(value).expanduser() if kind == "path" else value
+        if kind == "list":
+            if isinstance(value, str):
+                return [x.strip() for x in value.split(",") if x.strip()]
+            if isinstance(value, list) and all(isinstance(x, str) for x in value):
+                return list(value)
+            raise ValueError("must be a list of strings or a comma-separated string")
+    except ValueError as e:
+        msg = str(e)
+        if "invalid literal" in msg or "could not convert" in msg:
+            msg = f"must be {'an integer' if kind == 'int' else 'a number'}, got {value!r}"
+        raise ConfigError(opt.name, msg, source) from None
+    raise ConfigError(opt.name, f"unsupported option kind {kind}", source)
+
+
+@attrs.frozen
+class Config:
+    """The resolved configuration. Every field has a value; paths are absolute."""
+
+    node_id: str
+    cluster: str
+    state_dir: Path
+    socket: Path
+    socket_group: str | None
+    slots: int
+    shares: int
+    kill_grace: float
+    port: int
+    bind: str
+    advertise: str | None
+    seeds: list[str]
+    mdns: bool
+    mdns_interfaces: list[str]
+    keyring: Path | None
+    insecure: bool
+    profile: str
+    faults: str | None
+    metrics: str | None
+    placement_d: int
+    allow_root_tasks: bool
+    log_format: str
+    log_level: str
+    join_wait: float
+    report_interval: float
+    qos_psi_target: float
+    migration: str
+    checkpoint_signal: str
+    checkpoint_exit_code: int
+    checkpoint_timeout: float
+    bandwidth: float
+    gpu_policy: str
+    mps: bool
+    gpus: list[Any]
+    transfer_low: float
+    transfer_high: float
+    config_file: Path | None = None
+
+    @property
+    def journal_path(self) -> Path:
+        return self.state_dir / "journal.db"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError("config", f"file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", f"{path} is not valid TOML: {e}") from None
+    # Allow both a flat file and an [agent] table.
+    if "agent" in data and isinstance(data["agent"], dict):
+        agent = dict(data.pop("agent"))
+        agent.update(data)
+        data = agent
+    return data
+
+
+def load_config(
+    *,
+    file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    uid: int | None = None,
+) -> Config:
+    """Resolve the configuration. `flags` uses option names (dashes) and skips Nones."""
+    env = os.environ if env is None else env
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    uid = os.getuid() if uid is None else uid
+
+    values: dict[str, Any] = {o.attr: o.default for o in OPTIONS}
+    values = {k: (list(v) if isinstance(v, list) else v) for k, v in values.items()}
+
+    cfg_file = file
+    if cfg_file is None and env.get("SWARM_CONFIG"):
+        cfg_file = Path(env["SWARM_CONFIG"])
+    if cfg_file is not None:
+        data = read_toml(cfg_file)
+        for key, raw in data.items():
+            opt = OPTIONS_BY_NAME.get(key) or OPTIONS_BY_NAME.get(key.replace("_", "-"))
+            if opt is None:
+                raise ConfigError(key, f"unknown option in {cfg_file}")
+            values[opt.attr] = _coerce(opt, raw, str(cfg_file))
+
+    for opt in OPTIONS:
+        if opt.env in env and opt.kind != "raw":
+            values[opt.attr] = _coerce(opt, env[opt.env], f"environment {opt.env}")
+
+    for name, raw in flags.items():
+        opt = OPTIONS_BY_NAME.get(name)
+        if opt is None:
+            raise ConfigError(name, "unknown option")
+        values[opt.attr] = _coerce(opt, raw, f"--{name}")
+
+    for opt in OPTIONS:
+        v = values[opt.attr]
+        if v is not None and opt.check is not None:
+            err = opt.check(v)
+            if err:
+                raise ConfigError(opt.name, err)
+
+    state_default, sock_default = _default_paths(uid)
+    if values["state_dir"] is None:
+        values["state_dir"] = state_default
+    if values["socket"] is None:
+        values["socket"] = sock_default
+    values["state_dir"] = Path(values["state_dir"]).absolute()
+    values["socket"] = Path(values["socket"]).absolute()
+    if values["slots"] is None:
+        values["slots"] = os.cpu_count() or 1
+    if values["node_id"] is None:
+        values["node_id"] = socket.gethostname()
+    if not values["node_id"] or len(values["node_id"]) > 128:
+        raise ConfigError("node-id", "must be 1-128 characters")
+    if len(str(values["socket"]).encode()) > 107:
+        raise ConfigError("socket", f"path too long for a Unix socket ({values['socket']})")
+    if values["transfer_low"] > values["transfer_high"]:
+        raise ConfigError("transfer-low", "must not exceed transfer-high")
+    if not isinstance(values["gpus"], list):
+        raise ConfigError("gpus", "must be a list of tables ([[gpus]])")
+    return Config(config_file=cfg_file, **values)

@@ -1,0 +1,101 @@
+"""Validation of client requests into model values (pure).
+
+The submit socket hands each request's fields here; anything wrong becomes a
+SchemaError whose message says which field and why, which the client shows as is.
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import model as m
+from . import wire
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
+_TASK_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MAX_ARGV_BYTES = 1 << 20
+
+
+def check_task_id(value: object) -> str:
+    if not isinstance(value, str) or not _TASK_ID.match(value):
+        raise wire.SchemaError(f"invalid task id {value!r:.70}")
+    return value
+
+
+def submit_spec(
+    f: wire.Fields,
+    *,
+    uid: int,
+    user: str | None,
+    home: m.NodeId,
+    now: float,
+) -> m.TaskSpec:
+    """Build the TaskSpec of a submit request. The caller's identity is not the client's say."""
+    argv = f.str_list("argv", required=True, max_items=65536)
+    if not argv:
+        raise wire.SchemaError("submit: argv must not be empty (give a command after --)")
+    if any("\x00" in a for a in argv):
+        raise wire.SchemaError("submit: argv must not contain NUL bytes")
+    if sum(len(a) for a in argv) > MAX_ARGV_BYTES:
+        raise wire.SchemaError("submit: argv longer than 1 MiB")
+    task_id = f.str("id", None, max_len=64)
+    if task_id is not None:
+        check_task_id(task_id)
+    else:
+        task_id = m.new_task_id()
+    env = f.str_map("env")
+    for k, v in env.items():
+        if not _ENV_KEY.match(k):
+            raise wire.SchemaError(f"submit: invalid environment variable name {k!r:.70}")
+        if "\x00" in v:
+            raise wire.SchemaError(f"submit: environment variable {k} contains a NUL byte")
+        if k.startswith("SWARM_"):
+            raise wire.SchemaError(f"submit: {k} is reserved (SWARM_* variables are set by the agent)")
+    labels = f.str_map("labels", max_items=64)
+    for k in labels:
+        if not _LABEL_KEY.match(k):
+            raise wire.SchemaError(f"submit: invalid label name {k!r:.70}")
+    cwd = f.str("cwd", None)
+    if cwd is not None and not cwd.startswith("/"):
+        raise wire.SchemaError(f"submit: cwd must be an absolute path, got {cwd!r:.70}")
+    weight = f.float("weight", 1.0)
+    if not 0.0 < weight <= 1e6:
+        raise wire.SchemaError(f"submit: weight must be > 0 and <= 1e6, got {weight}")
+    reserve = f.int("reserve_shares", 0)
+    if reserve < 0 or reserve > 1 << 31:
+        raise wire.SchemaError(f"submit: reserve_shares must be 0 or more, got {reserve}")
+    cpu = f.float("cpu", None)
+    if cpu is not None and not 0 < cpu <= 1e5:
+        raise wire.SchemaError(f"submit: cpu must be > 0 cores, got {cpu}")
+    mem = f.int("mem", None)
+    if mem is not None and mem <= 0:
+        raise wire.SchemaError(f"submit: mem must be > 0 bytes, got {mem}")
+    gpu = f.nested("gpu", wire.gpu_request_from_wire)
+    migrate = f.enum("migrate", m.MigrateMode, m.MigrateMode.NEVER)
+    expected = f.float("expected_runtime", None)
+    if expected is not None and expected <= 0:
+        raise wire.SchemaError("submit: expected_runtime must be > 0 seconds")
+    spec = m.TaskSpec(
+        id=task_id,
+        argv=tuple(argv),
+        name=f.str("name", "", max_len=256),
+        env=env,
+        cwd=cwd,
+        weight=weight,
+        reserve_shares=reserve,
+        is_global=f.bool("is_global", False),
+        labels=labels,
+        uid=uid,
+        user=user,
+        no_retry=f.bool("no_retry", False),
+        cpu=cpu,
+        mem=mem,
+        gpu=gpu,
+        migrate=migrate,
+        expected_runtime=expected,
+        submitted_at=now,
+        home=home,
+    )
+    f.done()
+    return spec

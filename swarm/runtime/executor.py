@@ -1,0 +1,238 @@
+"""Runs task processes: spawn, logs, exit status, cancel, orphan clean-up.
+
+Each task runs in its own session/process group so that cancel reaches the whole
+tree (SIGTERM to the group, SIGKILL after a grace period), and so that stragglers
+left in the group when the main process exits are killed too (like systemd's
+KillMode=control-group). stdout/stderr go straight to per-task files (the agent
+never copies task output through its own memory).
+
+Isolation hooks (running as another user, cgroup limits) are applied through
+`ProcessPlan`, which the agent builds; this module only executes the plan.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal as _signal
+import subprocess
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psutil
+import trio
+
+from ..logs import NULL_LOG, EventLog
+
+
+@attrs.frozen
+class ProcessPlan:
+    """Everything needed to start one attempt of a task."""
+
+    task_id: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    stdout: Path
+    stderr: Path
+    uid: int | None = None  # switch to this user (agent must be root)
+    gid: int | None = None
+    groups: tuple[int, ...] | None = None
+    cgroup_procs: tuple[Path, ...] = ()  # cgroup.procs files to join before exec
+
+
+@attrs.frozen
+class ProcessResult:
+    exit_code: int | None  # None when killed by a signal or never started
+    signal: int | None
+    spawn_error: str | None = None  # set when the process could not be started
+    pid: int | None = None
+    started_at: float | None = None  # trio clock
+    cancelled: bool = False  # we terminated it (cancel/shutdown/migration)
+
+    @property
+    def ok(self) -> bool:
+        return self.spawn_error is None and self.exit_code == 0 and self.signal is None
+
+
+def _join_cgroups(paths: tuple[Path, ...]) -> Callable[[], None] | None:
+    if not paths:
+        return None
+
+    def preexec() -> None:  # runs in the child between fork and exec
+        pid = str(os.getpid()).encode()
+        for p in paths:
+            fd = os.open(p, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+
+    return preexec
+
+
+def kill_group(pgid: int, sig: int) -> bool:
+    """Signal a whole process group; False if it no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def same_process(pid: int, create_time: float) -> bool:
+    """Is `pid` still the process we started (not a recycled pid)?"""
+    try:
+        return abs(psutil.Process(pid).create_time() - create_time) < 0.5
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+
+
+def kill_orphan(pid: int, create_time: float) -> bool:
+    """Kill the process group of a task process left behind by a crashed agent."""
+    if not same_process(pid, create_time):
+        return False
+    return kill_group(pid, _signal.SIGKILL)
+
+
+class Running:
+    """Handle for a process in flight: lets the agent terminate it."""
+
+    def __init__(self, task_id: str, proc: trio.Process, grace: float) -> None:
+        self.task_id = task_id
+        self.proc = proc
+        self.pid = proc.pid
+        self.grace = grace
+        self.terminating = False
+        self.term_reason = ""
+        self._kill_scope: trio.CancelScope | None = None
+
+    def signal(self, sig: int) -> bool:
+        return kill_group(self.pid, sig)
+
+    async def terminate(self, reason: str) -> None:
+        """SIGTERM the group, SIGKILL after the grace period; returns when it is gone."""
+        if not self.terminating:
+            self.terminating = True
+            self.term_reason = reason
+        kill_group(self.pid, _signal.SIGTERM)
+        with trio.move_on_after(self.grace):
+            await self.proc.wait()
+            # the leader is gone; give the rest of the group the same grace
+            while group_alive(self.pid):
+                await trio.sleep(0.05)
+            return
+        kill_group(self.pid, _signal.SIGKILL)
+        await self.proc.wait()
+
+
+class Executor:
+    def __init__(self, kill_grace: float = 10.0, log: EventLog = NULL_LOG) -> None:
+        self.kill_grace = kill_grace
+        self.log = log
+        self.running: dict[str, Running] = {}
+
+    async def run(
+        self,
+        plan: ProcessPlan,
+        on_started: Callable[[int, float], Awaitable[None]] | None = None,
+    ) -> ProcessResult:
+        """Run one attempt to completion. Cancellation of the caller kills the group."""
+        try:
+            out = open(plan.stdout, "ab")  # noqa: SIM115
+            err = open(plan.stderr, "ab")  # noqa: SIM115
+        except OSError as e:
+            return ProcessResult(None, None, spawn_error=f"cannot open log file: {e}")
+        kwargs: dict[str, Any] = {}
+        if plan.uid is not None:
+            kwargs["user"] = plan.uid
+            kwargs["group"] = plan.gid
+            kwargs["extra_groups"] = list(plan.groups or ())
+        preexec = _join_cgroups(plan.cgroup_procs)
+        if preexec is not None:
+            kwargs["preexec_fn"] = preexec
+        try:
+            try:
+                proc = await trio.lowlevel.open_process(
+                    list(plan.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=dict(plan.env),
+                    cwd=plan.cwd,
+                    start_new_session=True,
+                    close_fds=True,
+                    **kwargs,
+                )
+            except (OSError, subprocess.SubprocessError, ValueError) as e:
+                msg = _spawn_error(plan, e)
+                try:
+                    err.write(f"swarm: {msg}\n".encode())
+                except OSError:
+                    pass
+                return ProcessResult(None, None, spawn_error=msg)
+        finally:
+            out.close()
+            err.close()
+        started = trio.current_time()
+        handle = Running(plan.task_id, proc, self.kill_grace)
+        self.running[plan.task_id] = handle
+        try:
+            if on_started is not None:
+                try:
+                    ct = psutil.Process(proc.pid).create_time()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    ct = 0.0
+                await on_started(proc.pid, ct)
+            try:
+                rc = await proc.wait()
+            except trio.Cancelled:
+                with trio.CancelScope(shield=True):
+                    await handle.terminate(handle.term_reason or "agent cancelled")
+                raise
+        finally:
+            # kill stragglers left in the group (background children of the task)
+            kill_group(proc.pid, _signal.SIGKILL)
+            self.running.pop(plan.task_id, None)
+        if rc < 0:
+            return ProcessResult(
+                None, -rc, pid=proc.pid, started_at=started, cancelled=handle.terminating
+            )
+        return ProcessResult(rc, None, pid=proc.pid, started_at=started, cancelled=handle.terminating)
+
+    async def terminate(self, task_id: str, reason: str) -> bool:
+        h = self.running.get(task_id)
+        if h is None:
+            return False
+        await h.terminate(reason)
+        return True
+
+    def signal(self, task_id: str, sig: int) -> bool:
+        h = self.running.get(task_id)
+        return False if h is None else h.signal(sig)
+
+
+def _spawn_error(plan: ProcessPlan, e: BaseException) -> str:
+    if isinstance(e, FileNotFoundError):
+        if e.filename == plan.cwd or (e.filename is None and not os.path.isdir(plan.cwd)):
+            return f"working directory not found: {plan.cwd}"
+        return f"command not found: {plan.argv[0]}"
+    if isinstance(e, PermissionError):
+        return f"permission denied: {e.filename or plan.argv[0]}"
+    if isinstance(e, NotADirectoryError):
+        return f"working directory is not a directory: {plan.cwd}"
+    if isinstance(e, OSError) and e.errno == errno.E2BIG:
+        return "argument list too long"
+    return f"cannot start process: {e}"

@@ -1,0 +1,199 @@
+"""Runs the tasks queued on this node, at most `slots` at a time, in FIFO order.
+
+The runner owns the local run queue and the processes; every state change goes
+through the TaskTable (journal first). On shutdown it terminates its processes and
+puts their tasks back in the queue (or fails them, for --no-retry tasks), so they
+run again on the next start.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from .. import model as m
+from ..logs import NULL_LOG, EventLog
+from .executor import Executor, ProcessPlan, ProcessResult
+from .journal import DelProc, PutProc
+from .tasks import TaskTable
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Extra hook: the agent may adjust a plan (user switching, cgroups, GPU env).
+PlanHook = Callable[[m.Task, ProcessPlan], ProcessPlan]
+
+
+class LocalRunner:
+    def __init__(
+        self,
+        table: TaskTable,
+        executor: Executor,
+        *,
+        node: m.NodeId,
+        slots: int,
+        log_dir: Path,
+        state_dir: Path,
+        log: EventLog = NULL_LOG,
+        plan_hook: PlanHook | None = None,
+    ) -> None:
+        self.table = table
+        self.executor = executor
+        self.node = node
+        self.slots = slots
+        self.log_dir = log_dir
+        self.task_state_root = state_dir / "task-state"
+        self.log = log
+        self.plan_hook = plan_hook
+        self.queue: deque[m.TaskId] = deque()
+        self.running: set[m.TaskId] = set()
+        self.cancel_requested: set[m.TaskId] = set()
+        self.stopping = False
+        self._kick = trio.Event()
+        self._idle = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ queue API
+
+    def enqueue(self, task_id: m.TaskId) -> None:
+        self.queue.append(task_id)
+        self._kick.set()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.slots - len(self.running))
+
+    def log_paths(self, task_id: m.TaskId) -> tuple[Path, Path]:
+        return self.log_dir / f"{task_id}.out", self.log_dir / f"{task_id}.err"
+
+    # ------------------------------------------------------------- dispatch
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                self._dispatch(nursery)
+                await self._kick.wait()
+                self._kick = trio.Event()
+
+    def _dispatch(self, nursery: trio.Nursery) -> None:
+        while not self.stopping and self.queue and len(self.running) < self.slots:
+            tid = self.queue.popleft()
+            t = self.table.active.get(tid)
+            if t is None or t.state is not m.TaskState.QUEUED or tid in self.running:
+                continue  # cancelled or moved while waiting
+            self.running.add(tid)
+            nursery.start_soon(self._execute, tid)
+
+    def plan(self, task: m.Task) -> ProcessPlan:
+        spec = task.spec
+        out, err = self.log_paths(task.id)
+        env = {"PATH": DEFAULT_PATH}
+        user = _user_entry(spec)
+        if user is not None:
+            env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
+        env.update(spec.env)
+        state_dir = self.task_state_root / task.id
+        env.update(
+            SWARM_TASK_ID=task.id,
+            SWARM_TASK_NAME=spec.name,
+            SWARM_NODE=self.node,
+            SWARM_HOME_NODE=spec.home or self.node,
+            SWARM_ATTEMPT=str(task.attempts + 1),
+            SWARM_STATE_DIR=str(state_dir),
+        )
+        cwd = spec.cwd or (user.pw_dir if user else "/")
+        if not os.path.isdir(cwd) and spec.home and spec.home != self.node:
+            # the submitter's directory does not exist on this host: fall back
+            cwd = user.pw_dir if user and os.path.isdir(user.pw_dir) else "/"
+        return ProcessPlan(task_id=task.id, argv=spec.argv, env=env, cwd=cwd, stdout=out, stderr=err)
+
+    async def _execute(self, tid: m.TaskId) -> None:
+        try:
+            task = self.table.change(tid, m.TaskState.RUNNING, "started", node=self.node)
+            plan = self.plan(task)
+            if self.plan_hook is not None:
+                plan = self.plan_hook(task, plan)
+            (self.task_state_root / tid).mkdir(parents=True, exist_ok=True)
+
+            async def started(pid: int, create_time: float) -> None:
+                self.table.journal.enqueue([PutProc(tid, pid, create_time)])
+                self.log.info("task.process", task=tid, pid=pid)
+
+            result = await self.executor.run(plan, on_started=started)
+            with trio.CancelScope(shield=True):
+                if result.pid is not None:
+                    self.table.journal.enqueue([DelProc(tid)])
+                await self._record(tid, result)
+        finally:
+            self.running.discard(tid)
+            self.cancel_requested.discard(tid)
+            self._kick.set()
+            if not self.running:
+                self._idle.set()
+
+    async def _record(self, tid: m.TaskId, r: ProcessResult) -> None:
+        S = m.TaskState
+        task = self.table.active.get(tid)
+        if task is None or task.state is not S.RUNNING:
+            return
+        if r.cancelled and tid in self.cancel_requested:
+            await self.table.change_durably(tid, S.CANCELLED, "cancelled", exit_code=r.exit_code, signal=r.signal)
+        elif r.cancelled and self.stopping:
+            if task.spec.no_retry:
+                await self.table.change_durably(
+                    tid, S.FAILED, "agent shut down while running (--no-retry)", signal=r.signal
+                )
+            else:
+                await self.table.change_durably(tid, S.QUEUED, "agent shutdown: will run again")
+        elif r.spawn_error is not None:
+            code = 127 if r.spawn_error.startswith("command not found") else 126 if "permission" in r.spawn_error else 1
+            await self.table.change_durably(tid, S.FAILED, r.spawn_error, exit_code=code)
+        elif r.signal is not None:
+            await self.table.change_durably(tid, S.FAILED, f"killed by signal {r.signal}", signal=r.signal)
+        elif r.exit_code == 0:
+            await self.table.change_durably(tid, S.SUCCEEDED, "exited 0", exit_code=0)
+        else:
+            await self.table.change_durably(tid, S.FAILED, f"exited {r.exit_code}", exit_code=r.exit_code)
+
+    # --------------------------------------------------------------- control
+
+    async def cancel(self, tid: m.TaskId) -> bool:
+        """Terminate a running task of this runner; False if it is not running here."""
+        if tid not in self.running:
+            return False
+        self.cancel_requested.add(tid)
+        await self.executor.terminate(tid, "cancelled")
+        return True
+
+    async def shutdown(self) -> None:
+        """Stop starting tasks, terminate running ones (they go back to the queue)."""
+        self.stopping = True
+        if not self.running:
+            return
+        self._idle = trio.Event()
+        async with trio.open_nursery() as n:
+            for tid in list(self.running):
+                n.start_soon(self.executor.terminate, tid, "agent shutdown")
+        with trio.move_on_after(self.executor.kill_grace + 5):
+            await self._idle.wait()
+
+
+def _user_entry(spec: m.TaskSpec) -> pwd.struct_passwd | None:
+    try:
+        if spec.user:
+            return pwd.getpwnam(spec.user)
+        if spec.uid is not None:
+            return pwd.getpwuid(spec.uid)
+    except KeyError:
+        return None
+    return None

@@ -1,0 +1,141 @@
+"""The node's task records: in memory for speed, in the journal for durability.
+
+Every state change goes through `TaskTable.change`, which applies the pure lifecycle
+state machine (model.transition), journals the new record and wakes whoever waits
+on the task. Results (terminal states) are awaited to be durable before waiters
+hear of them, so a client never sees a result the journal could forget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+import trio
+
+from .. import model as m
+from ..logs import NULL_LOG, EventLog
+from .journal import Journal, Op, PutTask
+
+# Finished tasks stay in memory for fast status/wait; older ones are read from disk.
+RECENT_FINISHED = 20_000
+
+
+class UnknownTask(KeyError):
+    pass
+
+
+def wall_now() -> float:
+    return time.time()
+
+
+class TaskTable:
+    def __init__(self, journal: Journal, node: m.NodeId, log: EventLog = NULL_LOG) -> None:
+        self.journal = journal
+        self.node = node
+        self.log = log
+        self.active: dict[m.TaskId, m.Task] = {}
+        self.finished: OrderedDict[m.TaskId, m.Task] = OrderedDict()
+        self._changed: dict[m.TaskId, trio.Event] = {}
+        self.counts: dict[str, int] = {}  # transitions by destination state
+
+    # ----------------------------------------------------------------- reads
+
+    def get_cached(self, task_id: m.TaskId) -> m.Task | None:
+        return self.active.get(task_id) or self.finished.get(task_id)
+
+    async def get(self, task_id: m.TaskId) -> m.Task:
+        t = self.get_cached(task_id)
+        if t is None:
+            t = await self.journal.get_task(task_id)
+        if t is None:
+            raise UnknownTask(task_id)
+        return t
+
+    def by_state(self, *states: m.TaskState) -> list[m.Task]:
+        return [t for t in self.active.values() if t.state in states]
+
+    # ---------------------------------------------------------------- writes
+
+    def load(self, tasks: Iterable[m.Task]) -> None:
+        for t in tasks:
+            self._store(t)
+
+    async def add(self, task: m.Task, extra_ops: Iterable[Op] = ()) -> None:
+        """Journal a new task durably, then make it visible. Raises JournalError."""
+        await self.journal.commit([PutTask(task), *extra_ops])
+        self._store(task)
+        self.log.info("task.state", task=task.id, src="", dst=task.state.value, cause=task.history[-1].cause)
+
+    def change(self, task_id: m.TaskId, dst: m.TaskState, cause: str, **kw: Any) -> m.Task:
+        """Apply a transition now; the journal write is queued and will land."""
+        new = self._apply(task_id, dst, cause, **kw)
+        self.journal.enqueue([PutTask(new)])
+        self._wake(task_id)
+        return new
+
+    async def change_durably(
+        self, task_id: m.TaskId, dst: m.TaskState, cause: str, **kw: Any
+    ) -> m.Task:
+        """Apply a transition and wait until it is on disk before waking waiters."""
+        new = self._apply(task_id, dst, cause, **kw)
+        await self.journal.commit([PutTask(new)], must_land=True)
+        self._wake(task_id)
+        return new
+
+    def replace(self, task: m.Task) -> None:
+        """Adopt a record computed elsewhere (e.g. reported by an executing peer)."""
+        self._store(task)
+        self.journal.enqueue([PutTask(task)])
+        self._wake(task.id)
+
+    def _apply(self, task_id: m.TaskId, dst: m.TaskState, cause: str, **kw: Any) -> m.Task:
+        old = self.active.get(task_id)
+        if old is None:
+            raise UnknownTask(task_id)
+        new = m.transition(old, dst, wall_now(), cause, **kw)
+        self._store(new)
+        self.counts[dst.value] = self.counts.get(dst.value, 0) + 1
+        self.log.info(
+            "task.state",
+            task=task_id,
+            src=old.state.value,
+            dst=dst.value,
+            cause=cause,
+            where=new.node,
+            **({"exit": new.exit_code} if dst.terminal and new.exit_code is not None else {}),
+            **({"signal": new.signal} if dst.terminal and new.signal is not None else {}),
+        )
+        return new
+
+    def _store(self, task: m.Task) -> None:
+        if task.state.terminal:
+            self.active.pop(task.id, None)
+            self.finished[task.id] = task
+            self.finished.move_to_end(task.id)
+            while len(self.finished) > RECENT_FINISHED:
+                self.finished.popitem(last=False)
+        else:
+            self.active[task.id] = task
+
+    # --------------------------------------------------------------- waiting
+
+    def _wake(self, task_id: m.TaskId) -> None:
+        ev = self._changed.pop(task_id, None)
+        if ev is not None:
+            ev.set()
+
+    async def wait_change(self, task_id: m.TaskId) -> None:
+        ev = self._changed.get(task_id)
+        if ev is None:
+            ev = self._changed[task_id] = trio.Event()
+        await ev.wait()
+
+    async def wait_terminal(self, task_id: m.TaskId) -> m.Task:
+        while True:
+            t = await self.get(task_id)
+            if t.state.terminal:
+                return t
+            await self.wait_change(task_id)
