@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from . import __version__, requests, wire
+from . import __version__, codec, requests, wire
 from . import model as m
 from .config import Config
 from .logs import EventLog
@@ -108,7 +108,9 @@ class Agent:
             S = m.TaskState
             if t.state in (S.RUNNING, S.MIGRATING, S.TRANSFERRING):
                 if t.spec.no_retry and t.state is not S.TRANSFERRING:
-                    self.table.change(t.id, S.FAILED, "agent restarted while task was running (--no-retry)")
+                    self.table.change(
+                        t.id, S.FAILED, "agent restarted while task was running (--no-retry)"
+                    )
                     continue
                 self.table.change(t.id, S.QUEUED, "agent restarted: will run again", node=self.node)
                 requeued += 1
@@ -153,7 +155,9 @@ class Agent:
         existing = self.table.get_cached(spec.id)
         if existing is not None:
             if existing.spec.argv != spec.argv:
-                raise RequestError("conflict", f"task id {spec.id} already used for another command")
+                raise RequestError(
+                    "conflict", f"task id {spec.id} already used for another command"
+                )
             return {"id": spec.id, "duplicate": True}
         task = m.new_task(spec, wall_now(), self.node)
         try:
@@ -167,7 +171,7 @@ class Agent:
         t = await self._task(f)
         f.done()
         self._authorize(t, cred)
-        return {"task": wire.task_to_wire(t)}
+        return {"task": codec.task_to_wire(t)}
 
     async def op_list(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         show_all = f.bool("all", False)
@@ -179,10 +183,12 @@ class Agent:
             if len(finished) < limit:
                 seen = {t.id for t in finished}
                 older = await self.journal.recent_terminal(limit)
-                finished = [t for t in older if t.id not in seen][: limit - len(finished)] + finished
+                finished = [t for t in older if t.id not in seen][
+                    : limit - len(finished)
+                ] + finished
             tasks = sorted(finished, key=lambda t: (t.created_at, t.id)) + tasks
         tasks = tasks[-limit:]
-        return {"tasks": [wire.task_to_wire(t) for t in tasks]}
+        return {"tasks": [codec.task_to_wire(t) for t in tasks]}
 
     async def op_cancel(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self._task(f)
@@ -198,7 +204,7 @@ class Agent:
             t = await self.table.wait_terminal(t.id)
         else:
             t = await self.table.change_durably(t.id, S.CANCELLED, f"cancelled by uid {cred.uid}")
-        return {"task": wire.task_to_wire(t)}
+        return {"task": codec.task_to_wire(t)}
 
     async def op_wait(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self._task(f)
@@ -211,7 +217,7 @@ class Agent:
             timed_out = False
         if timed_out:
             t = await self.table.get(t.id)
-        return {"task": wire.task_to_wire(t), "timed_out": timed_out}
+        return {"task": codec.task_to_wire(t), "timed_out": timed_out}
 
     async def op_info(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         f.done()

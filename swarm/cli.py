@@ -18,14 +18,22 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .client import AgentUnreachable, Client, ClientError, RequestFailed
-from .config import OPTIONS, ConfigError, default_socket_path
+from .paths import default_socket_path
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 69
 
-_INVALID_CODES = {"invalid", "bad_request", "malformed", "frame_too_large", "version", "unknown_op", "conflict"}
+_INVALID_CODES = {
+    "invalid",
+    "bad_request",
+    "malformed",
+    "frame_too_large",
+    "version",
+    "unknown_op",
+    "conflict",
+}
 
 
 class CliError(Exception):
@@ -120,7 +128,8 @@ def _parse_bytes(text: str) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from .config import load_config
+    from .config import ConfigError, load_config
+    from .options import OPTIONS
 
     flags: dict[str, Any] = {}
     for opt in OPTIONS:
@@ -155,7 +164,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise CliError("submit: give the command to run after --, e.g. swarm submit -- echo hi", EXIT_USAGE)
+        raise CliError(
+            "submit: give the command to run after --, e.g. swarm submit -- echo hi", EXIT_USAGE
+        )
     env = _parse_env(args.env or [])
     if args.export_env:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")} | env
@@ -204,9 +215,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _gpu_request(args: argparse.Namespace) -> dict[str, Any] | None:
-    if args.gpu is None and args.gpu_core is None and args.gpu_memory is None and args.gpu_memory_ratio is None:
+    if (
+        args.gpu is None
+        and args.gpu_core is None
+        and args.gpu_memory is None
+        and args.gpu_memory_ratio is None
+    ):
         return None
-    from . import wire
+    from . import codec
     from .policy import gpu as gpu_policy
 
     mem = _parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None
@@ -214,7 +230,7 @@ def _gpu_request(args: argparse.Namespace) -> dict[str, Any] | None:
         req = gpu_policy.request_from_flags(args.gpu, args.gpu_core, mem, args.gpu_memory_ratio)
     except gpu_policy.GpuRequestError as e:
         raise CliError(f"invalid GPU request: {e}", EXIT_USAGE) from None
-    return None if req is None else wire.gpu_request_to_wire(req)
+    return None if req is None else codec.gpu_request_to_wire(req)
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -275,8 +291,13 @@ def format_status(t: dict[str, Any]) -> str:
     lines.append(f"runtime:   {_fmt_age(_task_runtime(t, now))}")
     lines.append("history:")
     for h in t.get("history", []):
-        at = time.strftime("%H:%M:%S", time.localtime(h["at"])) + f".{int((h['at'] % 1) * 1000):03d}"
-        lines.append(f"  {at}  {h.get('src') or '-':>12} -> {h['dst']:<12} {h.get('node') or ''}  {h['cause']}")
+        at = (
+            time.strftime("%H:%M:%S", time.localtime(h["at"])) + f".{int((h['at'] % 1) * 1000):03d}"
+        )
+        lines.append(
+            f"  {at}  {h.get('src') or '-':>12} -> {h['dst']:<12} "
+            f"{h.get('node') or ''}  {h['cause']}"
+        )
     return "\n".join(lines)
 
 
@@ -334,25 +355,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="agent socket (env SWARM_SOCKET; default per user)",
     )
-    p = argparse.ArgumentParser(prog="swarm", description="decentralized load-sharing agent", parents=[common])
+    p = argparse.ArgumentParser(
+        prog="swarm", description="decentralized load-sharing agent", parents=[common]
+    )
     p.add_argument("--version", action="version", version=f"swarm {__version__}")
     sub = p.add_subparsers(dest="command_name", metavar="COMMAND")
     sub.required = True
 
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:  # noqa: A002
+    def add(
+        name: str, fn: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help, parents=[common])
         sp.set_defaults(fn=fn)
         return sp
 
     a = add("agent", cmd_agent, "run the agent (one per host)")
     a.add_argument("--config", help="TOML config file (env SWARM_CONFIG)")
+    from .options import OPTIONS
+
     for opt in OPTIONS:
         if not opt.cli or opt.name == "socket":
             continue
         flag = "--" + opt.name
         dest = "opt_" + opt.attr
         if opt.kind == "bool":
-            a.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=opt.help)
+            a.add_argument(
+                flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=opt.help
+            )
         else:
             a.add_argument(flag, dest=dest, default=None, metavar=opt.kind.upper(), help=opt.help)
     a.set_defaults(opt_socket=None)
@@ -360,20 +389,32 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("submit", cmd_submit, "submit a command; prints the task id")
     s.add_argument("--name", help="a name for the task")
     s.add_argument("--weight", type=float, help="task weight for the load index (default 1.0)")
-    s.add_argument("--env", action="append", metavar="K=V", help="environment variable (repeatable)")
-    s.add_argument("--export-env", action="store_true", help="pass this whole environment to the task")
+    s.add_argument(
+        "--env", action="append", metavar="K=V", help="environment variable (repeatable)"
+    )
+    s.add_argument(
+        "--export-env", action="store_true", help="pass this whole environment to the task"
+    )
     s.add_argument("--cwd", help="working directory (default: the current one)")
-    s.add_argument("--no-retry", action="store_true", help="never run twice: fail/lose instead of re-running")
-    s.add_argument("--reserve-shares", type=int, default=0, metavar="N", help="shares reserved while it runs")
+    s.add_argument(
+        "--no-retry", action="store_true", help="never run twice: fail/lose instead of re-running"
+    )
+    s.add_argument(
+        "--reserve-shares", type=int, default=0, metavar="N", help="shares reserved while it runs"
+    )
     s.add_argument("--global", dest="is_global", action="store_true", help="run once on every node")
     s.add_argument("--cpu", type=float, help="CPU request in cores")
     s.add_argument("--mem", help="memory request, e.g. 512M, 2GiB")
     s.add_argument("--gpu", type=int, help="GPU percent of one device, or a multiple of 100")
-    s.add_argument("--gpu-core", type=int, help="GPU core percent (with --gpu-memory or --gpu-memory-ratio)")
+    s.add_argument(
+        "--gpu-core", type=int, help="GPU core percent (with --gpu-memory or --gpu-memory-ratio)"
+    )
     s.add_argument("--gpu-memory", help="GPU memory, e.g. 8GiB")
     s.add_argument("--gpu-memory-ratio", type=int, help="GPU memory percent of one device")
     s.add_argument("--label", action="append", metavar="K=V", help="label (repeatable)")
-    s.add_argument("--migrate", choices=["never", "checkpoint", "restart", "criu"], help="migration mode")
+    s.add_argument(
+        "--migrate", choices=["never", "checkpoint", "restart", "criu"], help="migration mode"
+    )
     s.add_argument("--expected-runtime", type=float, metavar="SECONDS", help="expected run time")
     s.add_argument("--wait", action="store_true", help="wait and exit with the task's exit code")
     s.add_argument("--json", action="store_true", help="print JSON")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import wire
-from .config import default_socket_path
+from .paths import default_socket_path
 
 
 class ClientError(Exception):
@@ -41,7 +41,9 @@ class RequestFailed(ClientError):
 
 
 class Client:
-    def __init__(self, path: str | os.PathLike[str] | None = None, timeout: float | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, timeout: float | None = None
+    ) -> None:
         self.path = Path(path) if path is not None else default_socket_path()
         self.timeout = timeout
         self._sock: socket.socket | None = None
@@ -169,7 +171,7 @@ class Client:
     def status(self, task_id: str) -> dict[str, Any]:
         return self.call("status", id=task_id)["task"]  # type: ignore[no-any-return]
 
-    def list(self, all: bool = False, limit: int | None = None) -> list[dict[str, Any]]:  # noqa: A002
+    def list(self, all: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
         return self.call("list", all=all, limit=limit)["tasks"]  # type: ignore[no-any-return]
 
     def cancel(self, task_id: str) -> dict[str, Any]:
@@ -179,7 +181,9 @@ class Client:
         return self.call("wait", id=task_id, timeout=timeout)["task"]  # type: ignore[no-any-return]
 
     def logs(self, task_id: str, *, stderr: bool = False, follow: bool = False) -> Iterator[bytes]:
-        for part in self.stream("logs", id=task_id, stream="stderr" if stderr else "stdout", follow=follow):
+        for part in self.stream(
+            "logs", id=task_id, stream="stderr" if stderr else "stdout", follow=follow
+        ):
             data = part.get("data")
             if data:
                 yield bytes(data)

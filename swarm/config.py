@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from .options import OPTIONS, OPTIONS_BY_NAME, Option
+from .paths import default_paths as _default_paths
 
 
 class ConfigError(Exception):
@@ -27,111 +29,6 @@ class ConfigError(Exception):
         super().__init__(f"{key}: {message}{where}")
         self.key = key
         self.source = source
-
-
-@attrs.frozen
-class Option:
-    name: str
-    kind: str  # "int" | "float" | "str" | "bool" | "path" | "list" | "raw"
-    default: Any
-    help: str
-    check: Callable[[Any], str | None] | None = None  # returns an error message or None
-    cli: bool = True  # exposed as --name on `swarm agent`
-
-    @property
-    def attr(self) -> str:
-        return self.name.replace("-", "_")
-
-    @property
-    def env(self) -> str:
-        return "SWARM_" + self.name.replace("-", "_").upper()
-
-
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else "must be greater than 0"
-
-
-def _non_negative(v: Any) -> str | None:
-    return None if v >= 0 else "must be 0 or more"
-
-
-def _port(v: Any) -> str | None:
-    return None if 0 <= v <= 65535 else "must be a port number 0-65535"
-
-
-def _one_of(*choices: str) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        return None if v in choices else f"must be one of {', '.join(choices)}"
-
-    return check
-
-
-def _fraction(v: Any) -> str | None:
-    return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option("node-id", "str", None, "this node's name in the cluster (default: hostname)"),
-    Option("cluster", "str", "swarm", "cluster name; nodes of other clusters are never admitted"),
-    Option("state-dir", "path", None, "journal, logs and snapshots (default per user)"),
-    Option("socket", "path", None, "local submit socket (default per user)"),
-    Option("socket-group", "str", None, "group owning the submit socket (mode 0660)"),
-    Option("slots", "int", None, "tasks run at once on this node (default: CPUs)", _positive),
-    Option("shares", "int", 1024, "this node's shares (0 = drain)", _non_negative),
-    Option("kill-grace", "float", 10.0, "seconds between SIGTERM and SIGKILL", _non_negative),
-    Option("port", "int", 7946, "UDP+TCP port for gossip and transfer (0 = any)", _port),
-    Option("bind", "str", "0.0.0.0", "address to bind the cluster port to"),
-    Option("advertise", "str", None, "address peers should use to reach this node"),
-    Option("seeds", "list", [], "static peers host:port to join (comma-separated)"),
-    Option("mdns", "bool", True, "discover peers with zeroconf/mDNS"),
-    Option("mdns-interfaces", "list", [], "interfaces (addresses) for mDNS (default all)"),
-    Option("keyring", "path", None, "cluster key file (see `swarm keygen`)"),
-    Option("insecure", "bool", False, "run without encryption (refused unless set)"),
-    Option("profile", "str", "lan", "timing profile: lan or local", _one_of("lan", "local")),
-    Option("faults", "str", None, "transport fault shim, e.g. drop=0.2,seed=1 (tests only)"),
-    Option("metrics", "str", None, "serve Prometheus metrics on ADDR:PORT"),
-    Option("placement-d", "int", 2, "peers sampled per placement (power of d choices)", _positive),
-    Option("allow-root-tasks", "bool", False, "let root submit tasks that run as root"),
-    Option("log-format", "str", "logfmt", "stderr log format", _one_of("logfmt", "json")),
-    Option("log-level", "str", "info", "log level", _one_of("debug", "info", "warning", "error")),
-    Option("join-wait", "float", 5.0, "seconds to wait for peers before READY", _non_negative),
-    Option("report-interval", "float", 1.0, "seconds between local load samples", _positive),
-    Option("qos-psi-target", "float", 50.0, "PSI some avg10 (%) above which QoS is violated"),
-    Option("migration", "str", "on", "migration: on, off or dry-run", _one_of("on", "off", "dry-run")),
-    Option("checkpoint-signal", "str", "SIGUSR1", "signal asking a task to checkpoint"),
-    Option("checkpoint-exit-code", "int", 85, "exit code meaning 'checkpointed, move me'"),
-    Option("checkpoint-timeout", "float", 30.0, "seconds a task has to checkpoint", _positive),
-    Option("bandwidth", "float", 100e6, "default bytes/s between nodes for migration costs", _positive),
-    Option("gpu-policy", "str", "binpack", "GPU slice placement", _one_of("binpack", "spread")),
-    Option("mps", "bool", False, "an MPS control daemon runs: set MPS limits for tasks"),
-    Option("gpus", "raw", [], "declared GPU devices (list of tables) for hosts without NVML", cli=False),
-    Option("transfer-low", "float", 0.5, "load below which a node is a receiver", _non_negative),
-    Option("transfer-high", "float", 1.0, "load above which a node is a sender", _non_negative),
-)
-
-OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
-
-
-def _default_paths(uid: int) -> tuple[Path, Path]:
-    """Root gets the system paths; everyone else gets per-user paths that need no setup."""
-    if uid == 0:
-        return Path("/var/lib/swarm"), Path("/run/swarm/swarm.sock")
-    xdg_state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    state = Path(xdg_state) / "swarm"
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        sock = Path(runtime) / "swarm" / "swarm.sock"
-    else:
-        sock = Path(tempfile.gettempdir()) / f"swarm-{uid}" / "swarm.sock"
-    return state, sock
-
-
-def default_socket_path() -> Path:
-    """Where a client looks for the agent when nothing says otherwise."""
-    env = os.environ.get("SWARM_SOCKET")
-    if env:
-        return Path(env)
-    return _default_paths(os.getuid())[1]
 
 
 def _coerce(opt: Option, value: Any, source: str) -> Any:
@@ -169,7 +66,9 @@ def _coerce(opt: Option, value: Any, source: str) -> Any:
             raise ValueError("must be a number")
         if kind in ("str", "path"):
             if not isinstance(value, str) or (kind == "path" and not value):
-                raise ValueError("must be a non-empty string" if kind == "path" else "must be a string")
+                raise ValueError(
+                    "must be a non-empty string" if kind == "path" else "must be a string"
+                )
             return Path(value).expanduser() if kind == "path" else value
         if kind == "list":
             if isinstance(value, str):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
+from . import codec, wire
 from . import model as m
-from . import wire
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
@@ -51,7 +51,9 @@ def submit_spec(
         if "\x00" in v:
             raise wire.SchemaError(f"submit: environment variable {k} contains a NUL byte")
         if k.startswith("SWARM_"):
-            raise wire.SchemaError(f"submit: {k} is reserved (SWARM_* variables are set by the agent)")
+            raise wire.SchemaError(
+                f"submit: {k} is reserved (SWARM_* variables are set by the agent)"
+            )
     labels = f.str_map("labels", max_items=64)
     for k in labels:
         if not _LABEL_KEY.match(k):
@@ -71,7 +73,7 @@ def submit_spec(
     mem = f.int("mem", None)
     if mem is not None and mem <= 0:
         raise wire.SchemaError(f"submit: mem must be > 0 bytes, got {mem}")
-    gpu = f.nested("gpu", wire.gpu_request_from_wire)
+    gpu = f.nested("gpu", codec.gpu_request_from_wire)
     migrate = f.enum("migrate", m.MigrateMode, m.MigrateMode.NEVER)
     expected = f.float("expected_runtime", None)
     if expected is not None and expected <= 0:

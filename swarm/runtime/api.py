@@ -88,7 +88,12 @@ class ApiServer:
         self.mode = mode
         self.log = log
         self.max_frame = max_frame
-        self.stats: dict[str, int] = {"connections": 0, "requests": 0, "bad_requests": 0, "bad_frames": 0}
+        self.stats: dict[str, int] = {
+            "connections": 0,
+            "requests": 0,
+            "bad_requests": 0,
+            "bad_frames": 0,
+        }
         self._limit = trio.CapacityLimiter(MAX_CONNECTIONS)
 
     async def _prepare_path(self) -> None:
@@ -102,7 +107,9 @@ class ApiServer:
                     raise
                 self.path.unlink(missing_ok=True)  # stale socket of a dead agent
             else:
-                raise OSError(errno.EADDRINUSE, f"another agent is already listening on {self.path}")
+                raise OSError(
+                    errno.EADDRINUSE, f"another agent is already listening on {self.path}"
+                )
             finally:
                 probe.close()
 
@@ -199,7 +206,9 @@ class ApiServer:
         except trio.Cancelled:
             raise
         except Exception as e:
-            self.log.exception("api.handler_crashed", e, op=str(req.get("op") if isinstance(req, dict) else None))
+            self.log.exception(
+                "api.handler_crashed", e, op=str(req.get("op") if isinstance(req, dict) else None)
+            )
             await _send(stream, _error("internal", f"internal error: {type(e).__name__}: {e}"))
 
 

@@ -95,7 +95,7 @@ def group_alive(pgid: int) -> bool:
 def same_process(pid: int, create_time: float) -> bool:
     """Is `pid` still the process we started (not a recycled pid)?"""
     try:
-        return abs(psutil.Process(pid).create_time() - create_time) < 0.5
+        return bool(abs(psutil.Process(pid).create_time() - create_time) < 0.5)
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return False
 
@@ -210,7 +210,9 @@ class Executor:
             return ProcessResult(
                 None, -rc, pid=proc.pid, started_at=started, cancelled=handle.terminating
             )
-        return ProcessResult(rc, None, pid=proc.pid, started_at=started, cancelled=handle.terminating)
+        return ProcessResult(
+            rc, None, pid=proc.pid, started_at=started, cancelled=handle.terminating
+        )
 
     async def terminate(self, task_id: str, reason: str) -> bool:
         h = self.running.get(task_id)

@@ -26,8 +26,8 @@ from typing import Any
 import attrs
 import trio
 
+from .. import codec, wire
 from .. import model as m
-from .. import wire
 from ..logs import NULL_LOG, EventLog
 
 SCHEMA_VERSION = 1
@@ -52,7 +52,9 @@ CREATE TABLE IF NOT EXISTS events(
 );
 CREATE INDEX IF NOT EXISTS events_task ON events(task_id);
 CREATE TABLE IF NOT EXISTS kv(key TEXT PRIMARY KEY, value BLOB);
-CREATE TABLE IF NOT EXISTS procs(task_id TEXT PRIMARY KEY, pid INTEGER NOT NULL, create_time REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS procs(
+    task_id TEXT PRIMARY KEY, pid INTEGER NOT NULL, create_time REAL NOT NULL
+);
 """
 
 
@@ -135,11 +137,11 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _record(task: m.Task) -> bytes:
-    return wire.pack(wire.task_to_wire(task))
+    return wire.pack(codec.task_to_wire(task))
 
 
 def _task(blob: bytes) -> m.Task:
-    return wire.decode_with(wire.task_from_wire, wire.unpack(blob))
+    return wire.decode_with(codec.task_from_wire, wire.unpack(blob))
 
 
 class Journal:
@@ -157,7 +159,9 @@ class Journal:
                 "INSERT INTO meta(key, value) VALUES('schema', ?)", (str(SCHEMA_VERSION),)
             )
         elif int(row[0]) > SCHEMA_VERSION:
-            raise JournalError(f"{path}: schema {row[0]} is newer than this agent ({SCHEMA_VERSION})")
+            raise JournalError(
+                f"{path}: schema {row[0]} is newer than this agent ({SCHEMA_VERSION})"
+            )
         send, recv = trio.open_memory_channel[_Pending](float("inf"))
         self._send = send
         self._recv = recv
@@ -280,7 +284,13 @@ class Journal:
                 "INSERT INTO tasks(id, state, terminal, updated, record) VALUES(?,?,?,?,?) "
                 "ON CONFLICT(id) DO UPDATE SET state=excluded.state, terminal=excluded.terminal, "
                 "updated=excluded.updated, record=excluded.record",
-                (t.id, t.state.value, int(t.state.terminal), t.history[-1].at if t.history else 0.0, _record(t)),
+                (
+                    t.id,
+                    t.state.value,
+                    int(t.state.terminal),
+                    t.history[-1].at if t.history else 0.0,
+                    _record(t),
+                ),
             )
             if t.history:
                 tr = t.history[-1]
@@ -292,13 +302,18 @@ class Journal:
                         t.id,
                         tr.node,
                         json.dumps(
-                            {"src": tr.src.value if tr.src else None, "dst": tr.dst.value, "cause": tr.cause}
+                            {
+                                "src": tr.src.value if tr.src else None,
+                                "dst": tr.dst.value,
+                                "cause": tr.cause,
+                            }
                         ),
                     ),
                 )
         elif isinstance(op, PutKV):
             c.execute(
-                "INSERT INTO kv(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                "INSERT INTO kv(key, value) VALUES(?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                 (op.key, wire.pack(op.value)),
             )
         elif isinstance(op, DelKV):
@@ -313,7 +328,13 @@ class Journal:
         elif isinstance(op, Event):
             c.execute(
                 "INSERT INTO events(at, kind, task_id, node, data) VALUES(?,?,?,?,?)",
-                (op.at, op.kind, op.task_id, op.node or self.node, json.dumps(op.data, default=str)),
+                (
+                    op.at,
+                    op.kind,
+                    op.task_id,
+                    op.node or self.node,
+                    json.dumps(op.data, default=str),
+                ),
             )
 
     # --------------------------------------------------------------- reading

@@ -115,7 +115,9 @@ class LocalRunner:
         if not os.path.isdir(cwd) and spec.home and spec.home != self.node:
             # the submitter's directory does not exist on this host: fall back
             cwd = user.pw_dir if user and os.path.isdir(user.pw_dir) else "/"
-        return ProcessPlan(task_id=task.id, argv=spec.argv, env=env, cwd=cwd, stdout=out, stderr=err)
+        return ProcessPlan(
+            task_id=task.id, argv=spec.argv, env=env, cwd=cwd, stdout=out, stderr=err
+        )
 
     async def _execute(self, tid: m.TaskId) -> None:
         try:
@@ -147,7 +149,9 @@ class LocalRunner:
         if task is None or task.state is not S.RUNNING:
             return
         if r.cancelled and tid in self.cancel_requested:
-            await self.table.change_durably(tid, S.CANCELLED, "cancelled", exit_code=r.exit_code, signal=r.signal)
+            await self.table.change_durably(
+                tid, S.CANCELLED, "cancelled", exit_code=r.exit_code, signal=r.signal
+            )
         elif r.cancelled and self.stopping:
             if task.spec.no_retry:
                 await self.table.change_durably(
@@ -156,14 +160,24 @@ class LocalRunner:
             else:
                 await self.table.change_durably(tid, S.QUEUED, "agent shutdown: will run again")
         elif r.spawn_error is not None:
-            code = 127 if r.spawn_error.startswith("command not found") else 126 if "permission" in r.spawn_error else 1
+            code = (
+                127
+                if r.spawn_error.startswith("command not found")
+                else 126
+                if "permission" in r.spawn_error
+                else 1
+            )
             await self.table.change_durably(tid, S.FAILED, r.spawn_error, exit_code=code)
         elif r.signal is not None:
-            await self.table.change_durably(tid, S.FAILED, f"killed by signal {r.signal}", signal=r.signal)
+            await self.table.change_durably(
+                tid, S.FAILED, f"killed by signal {r.signal}", signal=r.signal
+            )
         elif r.exit_code == 0:
             await self.table.change_durably(tid, S.SUCCEEDED, "exited 0", exit_code=0)
         else:
-            await self.table.change_durably(tid, S.FAILED, f"exited {r.exit_code}", exit_code=r.exit_code)
+            await self.table.change_durably(
+                tid, S.FAILED, f"exited {r.exit_code}", exit_code=r.exit_code
+            )
 
     # --------------------------------------------------------------- control
 

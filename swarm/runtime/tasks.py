@@ -67,7 +67,9 @@ class TaskTable:
         """Journal a new task durably, then make it visible. Raises JournalError."""
         await self.journal.commit([PutTask(task), *extra_ops])
         self._store(task)
-        self.log.info("task.state", task=task.id, src="", dst=task.state.value, cause=task.history[-1].cause)
+        self.log.info(
+            "task.state", task=task.id, src="", dst=task.state.value, cause=task.history[-1].cause
+        )
 
     def change(self, task_id: m.TaskId, dst: m.TaskState, cause: str, **kw: Any) -> m.Task:
         """Apply a transition now; the journal write is queued and will land."""

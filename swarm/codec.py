@@ -1,0 +1,233 @@
+"""Codecs between model values and the msgpack-able maps that travel in frames.
+
+Decoders are strict (unknown fields rejected, types and ranges checked) and raise
+only swarm.wire.WireError subclasses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import model as m
+from .wire import Fields, SchemaError
+
+
+def gpu_request_to_wire(g: m.GpuRequest) -> dict[str, Any]:
+    return {"core": g.core, "memory_bytes": g.memory_bytes, "memory_ratio": g.memory_ratio}
+
+
+def gpu_request_from_wire(obj: Any) -> m.GpuRequest:
+    f = Fields(obj, "gpu")
+    g = m.GpuRequest(
+        core=f.int("core", required=True, lo=0, hi=100 * 1024),
+        memory_bytes=f.int("memory_bytes", lo=0),
+        memory_ratio=f.int("memory_ratio", lo=0, hi=100 * 1024),
+    )
+    f.done()
+    return g
+
+
+def task_spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "argv": list(s.argv),
+        "name": s.name,
+        "env": dict(s.env),
+        "cwd": s.cwd,
+        "weight": s.weight,
+        "reserve_shares": s.reserve_shares,
+        "is_global": s.is_global,
+        "labels": dict(s.labels),
+        "uid": s.uid,
+        "user": s.user,
+        "no_retry": s.no_retry,
+        "cpu": s.cpu,
+        "mem": s.mem,
+        "gpu": None if s.gpu is None else gpu_request_to_wire(s.gpu),
+        "migrate": s.migrate.value,
+        "expected_runtime": s.expected_runtime,
+        "submitted_at": s.submitted_at,
+        "home": s.home,
+    }
+
+
+def task_spec_from_wire(obj: Any) -> m.TaskSpec:
+    f = Fields(obj, "task")
+    argv = f.str_list("argv", required=True, max_items=65536)
+    if not argv:
+        raise SchemaError("task: argv must not be empty")
+    spec = m.TaskSpec(
+        id=f.str("id", required=True, max_len=128),
+        argv=tuple(argv),
+        name=f.str("name", ""),
+        env=f.str_map("env"),
+        cwd=f.str("cwd"),
+        weight=f.float("weight", 1.0, lo=0.0, hi=1e6),
+        reserve_shares=f.int("reserve_shares", 0, lo=0, hi=1 << 31),
+        is_global=f.bool("is_global", False),
+        labels=f.str_map("labels"),
+        uid=f.int("uid", lo=0, hi=(1 << 32) - 1),
+        user=f.str("user"),
+        no_retry=f.bool("no_retry", False),
+        cpu=f.float("cpu", lo=0.0, hi=1e6),
+        mem=f.int("mem", lo=0),
+        gpu=f.nested("gpu", gpu_request_from_wire),
+        migrate=f.enum("migrate", m.MigrateMode, m.MigrateMode.NEVER),
+        expected_runtime=f.float("expected_runtime", lo=0.0),
+        submitted_at=f.float("submitted_at", 0.0),
+        home=f.str("home", ""),
+    )
+    f.done()
+    return spec
+
+
+def _state_or_none(v: m.TaskState | None) -> str | None:
+    return None if v is None else v.value
+
+
+def transition_to_wire(t: m.Transition) -> dict[str, Any]:
+    return {
+        "at": t.at,
+        "src": _state_or_none(t.src),
+        "dst": t.dst.value,
+        "cause": t.cause,
+        "node": t.node,
+    }
+
+
+def transition_from_wire(obj: Any) -> m.Transition:
+    f = Fields(obj, "transition")
+    t = m.Transition(
+        at=f.float("at", required=True),
+        src=f.enum("src", m.TaskState),
+        dst=f.enum("dst", m.TaskState, required=True),
+        cause=f.str("cause", "", max_len=65536),
+        node=f.str("node", ""),
+    )
+    f.done()
+    return t
+
+
+def task_to_wire(t: m.Task) -> dict[str, Any]:
+    return {
+        "spec": task_spec_to_wire(t.spec),
+        "state": t.state.value,
+        "node": t.node,
+        "attempts": t.attempts,
+        "exit_code": t.exit_code,
+        "signal": t.signal,
+        "reason": t.reason,
+        "created_at": t.created_at,
+        "started_at": t.started_at,
+        "finished_at": t.finished_at,
+        "history": [transition_to_wire(x) for x in t.history],
+    }
+
+
+def task_from_wire(obj: Any) -> m.Task:
+    f = Fields(obj, "task record")
+    t = m.Task(
+        spec=task_spec_from_wire(f.map("spec", required=True)),
+        state=f.enum("state", m.TaskState, required=True),
+        node=f.str("node", ""),
+        attempts=f.int("attempts", 0, lo=0),
+        exit_code=f.int("exit_code"),
+        signal=f.int("signal"),
+        reason=f.str("reason", "", max_len=65536),
+        created_at=f.float("created_at", 0.0),
+        started_at=f.float("started_at"),
+        finished_at=f.float("finished_at"),
+        history=tuple(transition_from_wire(x) for x in f.list("history")),
+    )
+    f.done()
+    return t
+
+
+def gpu_free_to_wire(g: m.GpuDeviceFree) -> list[int]:
+    return [g.index, g.free_core, g.free_mem, g.total_mem]
+
+
+def gpu_free_from_wire(obj: Any) -> m.GpuDeviceFree:
+    if (
+        not isinstance(obj, (list, tuple))
+        or len(obj) != 4
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in obj)
+    ):
+        raise SchemaError(
+            f"gpu summary: expected [index, free_core, free_mem, total_mem], got {obj!r:.60}"
+        )
+    return m.GpuDeviceFree(*obj)
+
+
+def load_report_to_wire(r: m.LoadReport) -> dict[str, Any]:
+    return {
+        "node": r.node,
+        "version": r.version,
+        "shares": r.shares,
+        "reserved_shares": r.reserved_shares,
+        "weight_sum": r.weight_sum,
+        "queued": r.queued,
+        "running": r.running,
+        "slots": r.slots,
+        "cpu_util": r.cpu_util,
+        "load_per_core": r.load_per_core,
+        "cpus": r.cpus,
+        "mem_available": r.mem_available,
+        "mem_total": r.mem_total,
+        "psi_cpu": r.psi_cpu,
+        "psi_mem": r.psi_mem,
+        "gpus": [gpu_free_to_wire(g) for g in r.gpus],
+        "isolation": r.isolation,
+        "criu": r.criu,
+    }
+
+
+def load_report_from_wire(obj: Any) -> m.LoadReport:
+    f = Fields(obj, "load report")
+    r = m.LoadReport(
+        node=f.str("node", required=True, max_len=256),
+        version=f.int("version", required=True, lo=0),
+        shares=f.int("shares", m.DEFAULT_SHARES, lo=-(1 << 40), hi=1 << 40),
+        reserved_shares=f.int("reserved_shares", 0, lo=-(1 << 40), hi=1 << 40),
+        weight_sum=f.float("weight_sum", 0.0, lo=-1e12, hi=1e12),
+        queued=f.int("queued", 0, lo=0),
+        running=f.int("running", 0, lo=0),
+        slots=f.int("slots", 1, lo=0),
+        cpu_util=f.float("cpu_util", 0.0, lo=0.0),
+        load_per_core=f.float("load_per_core", 0.0, lo=0.0),
+        cpus=f.float("cpus", 0.0, lo=0.0, hi=1e6),
+        mem_available=f.int("mem_available", 0, lo=0),
+        mem_total=f.int("mem_total", 0, lo=0),
+        psi_cpu=f.float("psi_cpu", 0.0, lo=0.0),
+        psi_mem=f.float("psi_mem", 0.0, lo=0.0),
+        gpus=tuple(gpu_free_from_wire(x) for x in f.list("gpus")),
+        isolation=f.str("isolation", "none", max_len=32),
+        criu=f.bool("criu", False),
+    )
+    f.done()
+    return r
+
+
+def member_to_wire(mb: m.Member) -> dict[str, Any]:
+    return {
+        "node": mb.node,
+        "addr": mb.addr,
+        "port": mb.port,
+        "state": mb.state.value,
+        "incarnation": mb.incarnation,
+        "cluster": mb.cluster,
+    }
+
+
+def member_from_wire(obj: Any) -> m.Member:
+    f = Fields(obj, "member")
+    mb = m.Member(
+        node=f.str("node", required=True, max_len=256),
+        addr=f.str("addr", required=True, max_len=256),
+        port=f.int("port", required=True, lo=0, hi=65535),
+        state=f.enum("state", m.MemberState, m.MemberState.ALIVE),
+        incarnation=f.int("incarnation", 0, lo=0),
+        cluster=f.str("cluster", "", max_len=256),
+    )
+    f.done()
+    return mb

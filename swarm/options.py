@@ -1,0 +1,98 @@
+"""The agent's options, declared once: name, kind, default, help, check.
+
+Kept free of heavy imports so the CLI can build `swarm agent --help` quickly; the
+loader (swarm.config), the environment mapping and the example config derive from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+
+class Option(NamedTuple):
+    name: str
+    kind: str  # "int" | "float" | "str" | "bool" | "path" | "list" | "raw"
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None  # returns an error message or None
+    cli: bool = True  # exposed as --name on `swarm agent`
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "SWARM_" + self.name.replace("-", "_").upper()
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else "must be greater than 0"
+
+
+def _non_negative(v: Any) -> str | None:
+    return None if v >= 0 else "must be 0 or more"
+
+
+def _port(v: Any) -> str | None:
+    return None if 0 <= v <= 65535 else "must be a port number 0-65535"
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+def _fraction(v: Any) -> str | None:
+    return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("node-id", "str", None, "this node's name in the cluster (default: hostname)"),
+    Option("cluster", "str", "swarm", "cluster name; nodes of other clusters are never admitted"),
+    Option("state-dir", "path", None, "journal, logs and snapshots (default per user)"),
+    Option("socket", "path", None, "local submit socket (default per user)"),
+    Option("socket-group", "str", None, "group owning the submit socket (mode 0660)"),
+    Option("slots", "int", None, "tasks run at once on this node (default: CPUs)", _positive),
+    Option("shares", "int", 1024, "this node's shares (0 = drain)", _non_negative),
+    Option("kill-grace", "float", 10.0, "seconds between SIGTERM and SIGKILL", _non_negative),
+    Option("port", "int", 7946, "UDP+TCP port for gossip and transfer (0 = any)", _port),
+    Option("bind", "str", "0.0.0.0", "address to bind the cluster port to"),
+    Option("advertise", "str", None, "address peers should use to reach this node"),
+    Option("seeds", "list", [], "static peers host:port to join (comma-separated)"),
+    Option("mdns", "bool", True, "discover peers with zeroconf/mDNS"),
+    Option("mdns-interfaces", "list", [], "interfaces (addresses) for mDNS (default all)"),
+    Option("keyring", "path", None, "cluster key file (see `swarm keygen`)"),
+    Option("insecure", "bool", False, "run without encryption (refused unless set)"),
+    Option("profile", "str", "lan", "timing profile: lan or local", _one_of("lan", "local")),
+    Option("faults", "str", None, "transport fault shim, e.g. drop=0.2,seed=1 (tests only)"),
+    Option("metrics", "str", None, "serve Prometheus metrics on ADDR:PORT"),
+    Option("placement-d", "int", 2, "peers sampled per placement (power of d choices)", _positive),
+    Option("allow-root-tasks", "bool", False, "let root submit tasks that run as root"),
+    Option("log-format", "str", "logfmt", "stderr log format", _one_of("logfmt", "json")),
+    Option("log-level", "str", "info", "log level", _one_of("debug", "info", "warning", "error")),
+    Option("join-wait", "float", 5.0, "seconds to wait for peers before READY", _non_negative),
+    Option("report-interval", "float", 1.0, "seconds between local load samples", _positive),
+    Option("qos-psi-target", "float", 50.0, "PSI some avg10 (%) above which QoS is violated"),
+    Option(
+        "migration", "str", "on", "migration: on, off or dry-run", _one_of("on", "off", "dry-run")
+    ),
+    Option("checkpoint-signal", "str", "SIGUSR1", "signal asking a task to checkpoint"),
+    Option("checkpoint-exit-code", "int", 85, "exit code meaning 'checkpointed, move me'"),
+    Option("checkpoint-timeout", "float", 30.0, "seconds a task has to checkpoint", _positive),
+    Option(
+        "bandwidth", "float", 100e6, "default bytes/s between nodes for migration costs", _positive
+    ),
+    Option("gpu-policy", "str", "binpack", "GPU slice placement", _one_of("binpack", "spread")),
+    Option("mps", "bool", False, "an MPS control daemon runs: set MPS limits for tasks"),
+    Option(
+        "gpus", "raw", [], "declared GPU devices (list of tables) for hosts without NVML", cli=False
+    ),
+    Option("transfer-low", "float", 0.5, "load below which a node is a receiver", _non_negative),
+    Option("transfer-high", "float", 1.0, "load above which a node is a sender", _non_negative),
+)
+
+OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

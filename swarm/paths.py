@@ -1,0 +1,33 @@
+"""Default locations, shared by the agent's config and the (import-light) client."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def default_paths(uid: int) -> tuple[Path, Path]:
+    """(state dir, socket) defaults: system paths for root, per-user paths otherwise.
+
+    Per-user paths need no setup: state under $XDG_STATE_HOME/swarm, the socket
+    under $XDG_RUNTIME_DIR/swarm/ or a per-user directory in the temp dir.
+    """
+    if uid == 0:
+        return Path("/var/lib/swarm"), Path("/run/swarm/swarm.sock")
+    xdg_state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    state = Path(xdg_state) / "swarm"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        sock = Path(runtime) / "swarm" / "swarm.sock"
+    else:
+        sock = Path(tempfile.gettempdir()) / f"swarm-{uid}" / "swarm.sock"
+    return state, sock
+
+
+def default_socket_path() -> Path:
+    """Where a client looks for the agent when nothing says otherwise."""
+    env = os.environ.get("SWARM_SOCKET")
+    if env:
+        return Path(env)
+    return default_paths(os.getuid())[1]
