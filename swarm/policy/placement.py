@@ -1,0 +1,426 @@
+"""Where a new task goes: power of d choices over the stale view, with an explanation.
+
+Why sampling: peers' load is gossip and has an age. Sending every task to the least
+loaded node of a stale view makes all placers pick the same node until its next
+report (herding, Mitzenmacher 2001). Sampling d peers uniformly and taking the better
+one gives almost all the benefit of full information (max load log log n / log d
+instead of log n / log log n) and degrades gracefully with staleness.
+
+Flow at the origin: `place` -> send to `target` -> target runs `admit` on its fresh
+state -> on refusal `PlacementRetry.on_refusal` says place again now (excluding the
+refusers) or keep the task queued locally until `not_before` (exponential backoff).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from swarm.model import GpuDeviceFree, GpuRequest, LoadReport, NodeId, TaskId, TaskSpec
+
+from .gpu import fits_summary, largest_free_slice
+from .load import Capacity, FlexState, Usage, flex_refusal, free_shares, projected_load
+from .load import report_load as _report_load
+from .shares import ShareLedger
+from .view import PeerInfo, Sample, sample_peers
+
+# ------------------------------------------------------------------- filtering
+
+
+@attrs.frozen
+class Needs:
+    """The part of a task that decides where it may go (also carried in probes)."""
+
+    weight: float = 1.0
+    reserve_shares: int = 0
+    is_global: bool = False
+    cpu: float | None = None
+    mem: int | None = None
+    gpu: GpuRequest | None = None
+
+    @classmethod
+    def of(cls, spec: TaskSpec) -> Needs:
+        return cls(
+            weight=spec.weight,
+            reserve_shares=spec.reserve_shares,
+            is_global=spec.is_global,
+            cpu=spec.cpu,
+            mem=spec.mem,
+            gpu=spec.gpu,
+        )
+
+
+@attrs.frozen
+class Refusal:
+    """Why a node cannot take a task. `code` groups reasons in summaries."""
+
+    code: str  # drained | full | reservation | cpu | mem | gpu | stale | refused
+    text: str
+
+
+def refusal(r: LoadReport, needs: Needs) -> Refusal | None:
+    """None when report `r` says the node can take `needs`, else why.
+
+    Global tasks are eligible everywhere. Otherwise: not draining, some unreserved
+    share left and the reservation fits it (never oversubscribe), and declared
+    CPU / memory / GPU fit what the node reported. CPU and memory use the Flex rule at
+    its most lenient (P = 1) on reported usage, so a node that would refuse even then
+    is not asked.
+    """
+    if needs.is_global:
+        return None
+    if r.shares <= 0:
+        return Refusal("drained", "drained (shares 0)")
+    free = free_shares(r)
+    if free <= 0:
+        return Refusal("full", f"no unreserved shares ({r.reserved_shares} of {r.shares} held)")
+    if needs.reserve_shares > free:
+        return Refusal("reservation", f"reservation of {needs.reserve_shares} shares > {free} free")
+    if needs.cpu is not None and needs.cpu > 0 and r.cpus > 0:
+        if needs.cpu > r.cpus:
+            return Refusal("cpu", f"cpu request {needs.cpu:g} > {r.cpus:g} cores")
+        idle = r.cpus * (1.0 - min(max(r.cpu_util, 0.0), 1.0))
+        if needs.cpu > idle:
+            return Refusal("cpu", f"cpu request {needs.cpu:g} > {idle:.2f} idle cores")
+    if needs.mem is not None and needs.mem > 0 and r.mem_total > 0:
+        if needs.mem > r.mem_total:
+            return Refusal("mem", f"memory request {needs.mem} > total {r.mem_total} bytes")
+        if needs.mem > r.mem_available:
+            return Refusal("mem", f"memory request {needs.mem} > available {r.mem_available} bytes")
+    if needs.gpu is not None and not fits_summary(needs.gpu, r.gpus):
+        core, mem = largest_free_slice(r.gpus)
+        return Refusal(
+            "gpu",
+            f"gpu request core {needs.gpu.core}% does not fit"
+            f" (largest free slice {core}%, {mem} bytes)",
+        )
+    return None
+
+
+def needs_projected(r: LoadReport, needs: Needs) -> float:
+    return projected_load(
+        r.weight_sum, r.shares, r.reserved_shares, needs.weight, needs.reserve_shares
+    )
+
+
+# -------------------------------------------------------------------- explain
+
+
+@attrs.frozen
+class Candidate:
+    """One node the placer looked at: its numbers, and why it was or was not chosen."""
+
+    node: NodeId
+    local: bool
+    load: float  # load index now, from its report
+    age: float  # seconds since the report was received (0 for the local node)
+    score: float | None  # projected load with the task; None when not scored
+    why_not: str = ""  # "" when scored; else the filter reason or "eligible, not sampled"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "local": self.local,
+            "load": _num(self.load),
+            "age": round(self.age, 3),
+            "score": None if self.score is None else _num(self.score),
+            "why_not": self.why_not,
+        }
+
+
+def _num(x: float) -> float | str:
+    return "inf" if math.isinf(x) else x
+
+
+@attrs.frozen
+class Placement:
+    """The decision: a target (maybe the local node) or none, and the explanation."""
+
+    task_id: TaskId
+    target: NodeId | None
+    local: bool  # the target is the local node
+    candidates: tuple[Candidate, ...]
+    summary: str
+    examined: int  # peers examined (filtered or scored), local node excluded
+    view_size: int
+    scanned: bool  # True: every peer was examined; False: rejection sampling
+
+    @property
+    def ok(self) -> bool:
+        return self.target is not None
+
+    def explain(self) -> dict[str, Any]:
+        """A JSON-ready record for `swarm explain` and logs."""
+        return {
+            "task": self.task_id,
+            "target": self.target,
+            "local": self.local,
+            "summary": self.summary,
+            "examined": self.examined,
+            "view_size": self.view_size,
+            "scanned": self.scanned,
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+
+# ------------------------------------------------------------------ placement
+
+
+def place(
+    spec: TaskSpec,
+    local: LoadReport,
+    view: Mapping[NodeId, PeerInfo],
+    rng: random.Random,
+    now: float,
+    *,
+    d: int = 2,
+    exclude: frozenset[NodeId] | set[NodeId] = frozenset(),
+    max_age: float | None = None,
+    scan_below: int = 64,
+    max_attempts: int | None = None,
+) -> Placement:
+    """Power-of-d placement of `spec`.
+
+    Samples `d` eligible peers uniformly from `view` (the local node's entry in it, if
+    any, is ignored), adds the local node (with its fresh `local` report) when it is
+    eligible and not excluded, and picks the lowest projected load after adding the
+    task; ties are broken with `rng`. Peers in `exclude` (they refused already) and
+    reports older than `max_age` seconds are filtered. Views larger than `scan_below`
+    are rejection-sampled with at most `max_attempts` draws (see view.sample_peers), so
+    the cost is O(d), not O(n). Never returns the minimum over the whole view.
+    """
+    needs = Needs.of(spec)
+    me = local.node
+
+    def verdict(node: NodeId, entry: PeerInfo) -> str | None:
+        if node in exclude:
+            return "refused earlier"
+        if max_age is not None:
+            age = now - entry.received_at
+            if age > max_age:
+                return f"stale report (age {age:.1f} s > {max_age:g} s)"
+        why = refusal(entry.report, needs)
+        return None if why is None else why.text
+
+    sample = sample_peers(
+        view, d, rng, verdict, skip=me, scan_below=scan_below, max_attempts=max_attempts
+    )
+
+    candidates: list[Candidate] = []
+    scored: list[tuple[float, NodeId]] = []
+
+    local_why: str | None
+    if me in exclude:
+        local_why = "refused earlier"
+    else:
+        lr = refusal(local, needs)
+        local_why = None if lr is None else lr.text
+    local_score = None if local_why is not None else needs_projected(local, needs)
+    candidates.append(Candidate(me, True, _report_load(local), 0.0, local_score, local_why or ""))
+    if local_score is not None:
+        scored.append((local_score, me))
+
+    for node in sample.chosen:
+        entry = view[node]
+        score = needs_projected(entry.report, needs)
+        candidates.append(
+            Candidate(node, False, _report_load(entry.report), now - entry.received_at, score)
+        )
+        scored.append((score, node))
+    for node, why in sample.rejected:
+        entry = view[node]
+        candidates.append(
+            Candidate(node, False, _report_load(entry.report), now - entry.received_at, None, why)
+        )
+    for node in sample.unchosen:
+        entry = view[node]
+        candidates.append(
+            Candidate(
+                node,
+                False,
+                _report_load(entry.report),
+                now - entry.received_at,
+                None,
+                "eligible, not sampled",
+            )
+        )
+
+    def result(target: NodeId | None, summary: str) -> Placement:
+        return Placement(
+            task_id=spec.id,
+            target=target,
+            local=target == me,
+            candidates=tuple(candidates),
+            summary=summary,
+            examined=sample.examined,
+            view_size=len(view) - (1 if me in view else 0),
+            scanned=sample.scanned,
+        )
+
+    if not scored:
+        return result(None, _no_target_summary(spec, needs, local, local_why, view, sample))
+    best = min(s for s, _ in scored)
+    ties = [n for s, n in scored if s == best]
+    target = ties[0] if len(ties) == 1 else rng.choice(ties)
+    others = ", ".join(f"{n} {_fmt(s)}" for s, n in scored if n != target)
+    summary = f"chose {target}{' (local)' if target == me else ''}: projected load {_fmt(best)}"
+    if others:
+        summary += f" vs {others}"
+    if len(ties) > 1:
+        summary += f" (tie among {len(ties)}, broken at random)"
+    return result(target, summary)
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.6g}"
+
+
+def _no_target_summary(
+    spec: TaskSpec,
+    needs: Needs,
+    local: LoadReport,
+    local_why: str | None,
+    view: Mapping[NodeId, PeerInfo],
+    sample: Sample,
+) -> str:
+    """'no eligible node' plus the reasons, grouped, with the closest misses named."""
+    seen: list[tuple[NodeId, LoadReport, str]] = [(local.node, local, local_why or "")]
+    seen += [(n, view[n].report, why) for n, why in sample.rejected]
+    parts: list[str] = []
+    reserving = needs.reserve_shares > 0
+    if reserving:
+        fit = [(free_shares(r), n) for n, r, _ in seen if r.shares > 0]
+        if fit:
+            free, node = max(fit)
+            parts.append(
+                f"reservation of {needs.reserve_shares} shares fits nowhere:"
+                f" largest free is {max(free, 0)} on {node}"
+            )
+    if needs.mem:
+        mems = [(r.mem_available, n) for n, r, _ in seen if r.mem_total > 0]
+        if mems:
+            avail, node = max(mems)
+            parts.append(f"memory {needs.mem} fits nowhere: most available is {avail} on {node}")
+    counts: dict[str, list[NodeId]] = {}
+    for n, _, why in seen:
+        key = why.split(" (")[0] if why else "?"
+        if reserving and key.startswith("reservation"):
+            continue
+        counts.setdefault(key, []).append(n)
+    for key, nodes in sorted(counts.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        names = ", ".join(nodes[:3]) + (", ..." if len(nodes) > 3 else "")
+        parts.append(f"{len(nodes)} {key} ({names})")
+    how = (
+        f"all {len(view)} peers examined"
+        if sample.scanned
+        else f"{sample.examined} of {len(view)} peers sampled"
+    )
+    return f"no eligible node for {spec.id} ({how}): " + "; ".join(parts)
+
+
+# ------------------------------------------------------------------ admission
+
+
+@attrs.frozen
+class Admission:
+    ok: bool
+    reason: str
+
+
+def admit(
+    spec: TaskSpec,
+    local_state: ShareLedger,
+    flex: FlexState,
+    usage: Usage,
+    capacity: Capacity,
+    *,
+    gpus: Sequence[GpuDeviceFree] | None = None,
+) -> Admission:
+    """The target's re-check on fresh state before it accepts a placed or pushed task.
+
+    Idempotent: a task already in the ledger is accepted again (handoffs retry).
+    Global tasks are always accepted. Otherwise the share rules (drain, reservation
+    fits unconsumed shares), the GPU summary when `gpus` is given, and Flex
+    ``P * usage + request <= capacity`` for CPU and memory.
+    """
+    if spec.id in local_state:
+        return Admission(True, "already here")
+    if spec.is_global:
+        return Admission(True, "global task")
+    why = local_state.refuse_new(spec)
+    if why is not None:
+        return Admission(False, why)
+    if spec.gpu is not None and gpus is not None and not fits_summary(spec.gpu, gpus):
+        core, mem = largest_free_slice(gpus)
+        return Admission(
+            False,
+            f"gpu request core {spec.gpu.core}% does not fit"
+            f" (largest free slice {core}%, {mem} bytes)",
+        )
+    flex_why = flex_refusal(flex.p, usage, capacity, spec.cpu or 0.0, spec.mem or 0)
+    if flex_why is not None:
+        return Admission(False, flex_why)
+    return Admission(True, f"admitted (P={flex.p:.2f})")
+
+
+# ---------------------------------------------------------------------- retry
+
+
+@attrs.frozen
+class RetryPolicy:
+    """Bounded retries at the origin, then exponential backoff with jitter."""
+
+    max_tries: int = 3  # refusals per round before backing off
+    base: float = 1.0  # seconds, first backoff
+    factor: float = 2.0
+    max_backoff: float = 60.0
+    jitter: float = 0.2  # +- this fraction, drawn from the injected rng
+
+    def backoff(self, rounds: int, rng: random.Random) -> float:
+        raw = min(self.max_backoff, self.base * self.factor ** min(rounds, 64))
+        return raw * (1.0 + self.jitter * (2.0 * rng.random() - 1.0))
+
+
+@attrs.frozen
+class PlacementRetry:
+    """Origin-side state of one task being placed. Immutable; each event returns a new one.
+
+    `exclude` goes into the next `place` call. When `ready(now)` is False, the task
+    stays queued locally (it may start here meanwhile) until `not_before`.
+    """
+
+    refused: frozenset[NodeId] = frozenset()
+    tries: int = 0
+    rounds: int = 0  # rounds that ended in a backoff
+    not_before: float = 0.0
+
+    @property
+    def exclude(self) -> frozenset[NodeId]:
+        return self.refused
+
+    def ready(self, now: float) -> bool:
+        return now >= self.not_before
+
+    def on_refusal(
+        self, node: NodeId, now: float, policy: RetryPolicy, rng: random.Random
+    ) -> PlacementRetry:
+        """`node` refused (or did not answer): place again now without it, or back off
+        once `max_tries` refusals have piled up in this round."""
+        tries = self.tries + 1
+        if tries >= policy.max_tries:
+            return self.on_no_target(now, policy, rng)
+        return attrs.evolve(self, refused=self.refused | {node}, tries=tries, not_before=now)
+
+    def on_no_target(self, now: float, policy: RetryPolicy, rng: random.Random) -> PlacementRetry:
+        """No eligible node (or too many refusals): keep it local, try again later with a
+        clean slate (refusers may have capacity by then)."""
+        return PlacementRetry(
+            refused=frozenset(),
+            tries=0,
+            rounds=self.rounds + 1,
+            not_before=now + policy.backoff(self.rounds, rng),
+        )
