@@ -100,17 +100,14 @@ class PeakEstimator:
     at: float | None = None
 
     def update(self, now: float, sample: Usage) -> PeakEstimator:
-        if self.at is None or now <= self.at:
-            k = 1.0
-        else:
-            k = 0.5 ** ((now - self.at) / self.half_life) if self.half_life > 0 else 0.0
+        cpu, mem = float(sample.cpu), float(sample.mem)
         if self.at is None:
-            cpu, mem = float(sample.cpu), float(sample.mem)
-        else:
-            cpu = max(float(sample.cpu), self.cpu * k)
-            mem = max(float(sample.mem), self.mem * k)
-        at = now if self.at is None else max(now, self.at)
-        return attrs.evolve(self, cpu=cpu, mem=mem, at=at)
+            return attrs.evolve(self, cpu=cpu, mem=mem, at=now)
+        dt = max(0.0, now - self.at)  # a clock step back decays nothing
+        k = 0.5 ** (dt / self.half_life) if self.half_life > 0 else 0.0
+        return attrs.evolve(
+            self, cpu=max(cpu, self.cpu * k), mem=max(mem, self.mem * k), at=max(now, self.at)
+        )
 
     @property
     def estimate(self) -> Usage:

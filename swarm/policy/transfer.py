@@ -324,6 +324,7 @@ class TransferPolicy:
         self._last_gave = -math.inf
         self._last_took = -math.inf
         self._accepting_until = -math.inf
+        self._offer = 0  # which movable task the next push round offers (rotates on failure)
 
     # ------------------------------------------------------------ inspection
 
@@ -358,6 +359,7 @@ class TransferPolicy:
             if now < self._round.deadline:
                 return []
             self._count(timeouts=1)
+            self._round_failed(self._round.kind)
             self._end_round(now)
         if now < self._next_round_at:
             return []
@@ -367,7 +369,8 @@ class TransferPolicy:
             and (self.regime is not Regime.HIGH or math.isinf(load))
             and now - self._last_took >= cfg.switch_cooldown
         ):
-            return self._start_push(now, local, movable[0], view, rng)
+            task = movable[self._offer % len(movable)]
+            return self._start_push(now, local, task, view, rng)
         if (
             self.role is Role.RECEIVER
             and self.regime is not Regime.LOW
@@ -437,6 +440,7 @@ class TransferPolicy:
             view, cfg.probe_limit, rng, verdict, skip=self.node, scan_below=cfg.scan_below
         )
         if not sample.chosen:
+            self._round_failed(kind)
             self._next_round_at = now + cfg.round_interval
             return []
         self._seq += 1
@@ -444,6 +448,11 @@ class TransferPolicy:
         req = ProbeRequest(self._seq, kind, local, task_id, needs)
         self._count(rounds=1, probes=len(sample.chosen))
         return [ProbeFor(peer, req) for peer in sample.chosen]
+
+    def _round_failed(self, kind: str) -> None:
+        # Offer another task next time: the oldest may fit nowhere (head-of-line).
+        if kind == PUSH:
+            self._offer += 1
 
     def _end_round(self, now: float) -> None:
         self._round = None
@@ -462,6 +471,7 @@ class TransferPolicy:
         r.pending.discard(reply.peer)
         if not reply.ok:
             if not r.pending:
+                self._round_failed(r.kind)
                 self._end_round(now)
             return []
         self._end_round(now)
@@ -470,6 +480,7 @@ class TransferPolicy:
             if not still:
                 return []
             self._last_gave = now
+            self._offer = 0
             self._count(pushes=1)
             return [PushTask(reply.peer, r.task_id)]
         self._last_took = now
@@ -550,8 +561,12 @@ class TransferPolicy:
     ) -> QueuedTask | None:
         """The oldest movable queued task (not pinned, not global, not just arrived) that
         the thief's report says it can take and whose move does not invert the
-        imbalance; None if there is none."""
+        imbalance; None if there is none. A task offered in this node's own push round
+        in flight is not given twice."""
+        offered = self._round.task_id if self._round is not None else ""
         for t in movable_tasks(queue, now, self.cfg.task_cooldown):
+            if t.id == offered:
+                continue
             if refusal(thief, t.needs) is None and gains(local, thief, t.needs):
                 return t
         return None

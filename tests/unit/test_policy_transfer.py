@@ -433,3 +433,28 @@ def test_queued_task_of_spec() -> None:
     q = QueuedTask.of(s, arrived_at=7.0)
     assert q.needs.weight == 2.0 and q.queued_at == 5.0 and q.arrived_at == 7.0
     assert not q.movable(8.0, 30.0) and q.movable(37.0, 30.0)
+
+
+def test_a_task_that_fits_nowhere_does_not_block_the_queue() -> None:
+    pol = TransferPolicy("me")
+    v = LoadView({f"p{i}": PeerEntry(LoadReport(f"p{i}", 1), 0.0) for i in range(10)})
+    q = [
+        QueuedTask("huge", Needs(reserve_shares=5000), 0.0, -1000.0),
+        QueuedTask("small", Needs(), 1.0, -1000.0),
+    ]
+    me = LoadReport("me", 1, weight_sum=3.0, queued=2)
+    rng = random.Random(0)
+    assert pol.step(0.0, me, q, v, rng) == []  # "huge" fits no peer: no probe sent
+    acts = [a for a in pol.step(1.0, me, q, v, rng) if isinstance(a, ProbeFor)]
+    assert acts and all(a.request.task_id == "small" for a in acts)
+
+
+def test_a_task_offered_in_a_push_round_is_not_also_stolen() -> None:
+    pol = TransferPolicy("me")
+    v = LoadView({f"p{i}": PeerEntry(LoadReport(f"p{i}", 1), 0.0) for i in range(10)})
+    q = [QueuedTask("a", Needs(), 0.0, -1000.0), QueuedTask("b", Needs(), 1.0, -1000.0)]
+    me = LoadReport("me", 1, weight_sum=4.0, queued=2)
+    acts = [a for a in pol.step(0.0, me, q, v, random.Random(0)) if isinstance(a, ProbeFor)]
+    assert acts[0].request.task_id == "a"
+    thief = ProbeRequest(1, PULL, LoadReport("r", 1))
+    assert pol.on_steal(0.1, thief, me, q) == "b"
