@@ -588,3 +588,9 @@ async def test_fixed_port_in_use_is_transport_error() -> None:
         with pytest.raises(TransportError, match="cannot bind"):
             async with node(port=a.port):
                 pass
+
+
+async def test_exception_in_body_is_not_wrapped_in_a_group() -> None:
+    with pytest.raises(KeyError):
+        async with node():
+            raise KeyError("mine")
