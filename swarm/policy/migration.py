@@ -80,15 +80,16 @@ def cpu_slowdown(report: LoadReport, extra: int = 0) -> float:
     """How much slower a CPU-bound task runs on this node than on an idle one, with
     `extra` tasks added (negative: removed).
 
-    Processor sharing: runnable work per core, read both from the task count per slot
-    and from the 1-minute load average per core (slots stand in for cores), never
-    below 1. The fleet load index (weights per share) measures fairness, not speed,
-    so it is not used for time estimates; inject another `slowdown` in
-    MigrationConfig for GPU-bound or I/O-bound work.
+    Processor sharing: runnable work per core, read both from the running task count
+    and from the 1-minute load average per core, never below 1. Cores are the
+    reported `cpus`, or the task slots when a node does not report them. The fleet
+    load index (weights per share) measures fairness, not speed, so it is not used
+    for time estimates; inject another `slowdown` in MigrationConfig for GPU-bound
+    or I/O-bound work.
     """
-    slots = max(1, report.slots)
-    by_tasks = (report.running + extra) / slots
-    by_load = report.load_per_core + extra / slots
+    cores = report.cpus if report.cpus > 0 else max(1, report.slots)
+    by_tasks = (report.running + extra) / cores
+    by_load = report.load_per_core + extra / cores
     return max(1.0, by_tasks, by_load)
 
 

@@ -58,8 +58,8 @@ def plan(
 
 
 def o_slow(r: LoadReport, extra: int) -> float:
-    slots = max(1, r.slots)
-    return max(1.0, (r.running + extra) / slots, r.load_per_core + extra / slots)
+    cores = r.cpus if r.cpus > 0 else max(1, r.slots)
+    return max(1.0, (r.running + extra) / cores, r.load_per_core + extra / cores)
 
 
 def o_gain_cost(
@@ -82,6 +82,7 @@ loads = st.builds(
     running=st.integers(0, 64),
     slots=st.integers(1, 16),
     lpc=st.floats(0, 16),
+    cpus=st.sampled_from([0.0, 0.5, 2.0, 16.0]),
 )
 tasks_st = st.builds(
     task,
@@ -541,3 +542,13 @@ def test_custom_slowdown_model() -> None:
     there = report("p", 50, 4, gpus=(GpuDeviceFree(0, 100, 1, 1),))
     d = plan([task(age=100.0)], here, [("p", there, 0)], cfg).decisions[0]
     assert d.migrate and d.gain == pytest.approx(100.0)
+
+
+def test_cpu_slowdown_uses_reported_cores() -> None:
+    r = report("x", running=8, slots=2, lpc=0.5)
+    assert mig.cpu_slowdown(r) == 4.0  # no cores reported: slots stand in
+    r = attrs.evolve(r, cpus=16.0)
+    assert mig.cpu_slowdown(r) == 1.0
+    assert mig.cpu_slowdown(r, 8) == 1.0
+    assert mig.cpu_slowdown(r, 24) == 2.0
+    assert mig.cpu_slowdown(attrs.evolve(r, load_per_core=3.0), 16) == 4.0
