@@ -18,7 +18,7 @@ import signal as _signal
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import attrs
 import psutil
@@ -151,8 +151,9 @@ class Executor:
     ) -> ProcessResult:
         """Run one attempt to completion. Cancellation of the caller kills the group."""
         try:
-            out = open(plan.stdout, "ab")  # noqa: SIM115
-            err = open(plan.stderr, "ab")  # noqa: SIM115
+            # creating files can take a millisecond on a busy journaling filesystem:
+            # keep it off the event loop
+            out, err = await trio.to_thread.run_sync(_open_logs, plan)
         except OSError as e:
             return ProcessResult(None, None, spawn_error=f"cannot open log file: {e}")
         kwargs: dict[str, Any] = {}
@@ -224,6 +225,16 @@ class Executor:
     def signal(self, task_id: str, sig: int) -> bool:
         h = self.running.get(task_id)
         return False if h is None else h.signal(sig)
+
+
+def _open_logs(plan: ProcessPlan) -> tuple[BinaryIO, BinaryIO]:
+    out = open(plan.stdout, "ab")  # noqa: SIM115
+    try:
+        err = open(plan.stderr, "ab")  # noqa: SIM115
+    except OSError:
+        out.close()
+        raise
+    return out, err
 
 
 def _spawn_error(plan: ProcessPlan, e: BaseException) -> str:

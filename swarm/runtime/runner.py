@@ -71,6 +71,10 @@ class LocalRunner:
     def free_slots(self) -> int:
         return max(0, self.slots - len(self.running))
 
+    def state_dir_of(self, task_id: m.TaskId) -> Path:
+        """Where a checkpointing task keeps its state ($SWARM_STATE_DIR)."""
+        return self.task_state_root / task_id
+
     def log_paths(self, task_id: m.TaskId) -> tuple[Path, Path]:
         return self.log_dir / f"{task_id}.out", self.log_dir / f"{task_id}.err"
 
@@ -102,15 +106,15 @@ class LocalRunner:
         if user is not None:
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
         env.update(spec.env)
-        state_dir = self.task_state_root / task.id
         env.update(
             SWARM_TASK_ID=task.id,
             SWARM_TASK_NAME=spec.name,
             SWARM_NODE=self.node,
             SWARM_HOME_NODE=spec.home or self.node,
             SWARM_ATTEMPT=str(task.attempts + 1),
-            SWARM_STATE_DIR=str(state_dir),
         )
+        if spec.migrate is not m.MigrateMode.NEVER:
+            env["SWARM_STATE_DIR"] = str(self.state_dir_of(task.id))
         cwd = spec.cwd or (user.pw_dir if user else "/")
         if not os.path.isdir(cwd) and spec.home and spec.home != self.node:
             # the submitter's directory does not exist on this host: fall back
@@ -125,7 +129,8 @@ class LocalRunner:
             plan = self.plan(task)
             if self.plan_hook is not None:
                 plan = self.plan_hook(task, plan)
-            (self.task_state_root / tid).mkdir(parents=True, exist_ok=True)
+            if task.spec.migrate is not m.MigrateMode.NEVER:
+                self.state_dir_of(tid).mkdir(parents=True, exist_ok=True)
 
             async def started(pid: int, create_time: float) -> None:
                 self.table.journal.enqueue([PutProc(tid, pid, create_time)])

@@ -1,0 +1,183 @@
+"""Submission throughput and submit-to-start latency of one real agent.
+
+Prints a table and writes bench/results/submit.json:
+- durable submissions per second (acknowledged = journaled) with 1 client and with
+  8 concurrent clients, each on its own connection, submitting `true`;
+- submit-to-process-start latency p50/p99 for a `true`-like program that prints its
+  own start time, next to starting the same program directly with subprocess in the
+  same run (ratio).
+
+Targets (issue 2): >= 1,000 durable submissions/s with 8 clients; submit-to-start
+p50 no more than 3x the direct spawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swarm.localcluster import LocalAgent  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+AGENT_ARGS = [
+    "--insecure",
+    "--no-mdns",
+    "--port",
+    "0",
+    "--profile",
+    "local",
+    "--log-level",
+    "warning",
+]
+
+
+def build_stamp(work: Path) -> list[str]:
+    """A compiled stamper if a C compiler is here, else a Python one (noisier)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc:
+        out = work / "stamp"
+        subprocess.run([cc, "-O2", "-o", str(out), str(HERE / "stamp.c")], check=True)
+        return [str(out)]
+    return [sys.executable, "-S", "-c", "import time; print(repr(time.time()))"]
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def throughput(work: Path, name: str, clients: int, per_client: int) -> dict[str, float]:
+    """Submissions acknowledged per second by a fresh agent whose one slot is held by a
+    blocker, so the figure is the submit path itself (decode, validate, journal with
+    fsync, reply), not process spawning competing for the same core."""
+    agent = LocalAgent(work, name, AGENT_ARGS + ["--slots", "1"])
+    agent.start()
+    try:
+        with agent.client() as c:
+            c.submit(["sleep", "3600"], cwd="/")
+        ids: list[list[str]] = [[] for _ in range(clients)]
+        barrier = threading.Barrier(clients + 1)
+
+        def worker(i: int) -> None:
+            with agent.client() as c:
+                barrier.wait()
+                for _ in range(per_client):
+                    ids[i].append(c.submit(["true"], cwd="/"))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        with agent.client() as c:
+            info = c.info()
+            queued = sum(1 for t in c.list(limit=100_000) if t["state"] == "queued")
+    finally:
+        agent.stop()
+    total = clients * per_client
+    assert queued == total, f"{queued} of {total} acknowledged tasks found queued"
+    return {
+        "clients": clients,
+        "submissions": total,
+        "seconds": elapsed,
+        "per_second": total / elapsed,
+        "journal_commits": info["journal_commits"],
+        "journal_ops": info["journal_ops"],
+    }
+
+
+def latency_swarm(agent: LocalAgent, stamp: list[str], n: int) -> list[float]:
+    lat = []
+    with agent.client() as c:
+        for _ in range(n):
+            t0 = time.time()
+            tid = c.submit(stamp, cwd="/")
+            c.wait(tid)
+            out = b"".join(c.logs(tid)).decode().strip()
+            lat.append(float(out) - t0)
+    return lat
+
+
+def latency_direct(stamp: list[str], n: int) -> list[float]:
+    lat = []
+    for _ in range(n):
+        t0 = time.time()
+        p = subprocess.run(stamp, stdout=subprocess.PIPE, check=True, cwd="/")
+        lat.append(float(p.stdout.decode().strip()) - t0)
+    return lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--per-client", type=int, default=500, help="submissions per client")
+    ap.add_argument("--latency-samples", type=int, default=300)
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--out", default=str(HERE / "results" / "submit.json"))
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="swb-") as d:
+        work = Path(d)
+        stamp = build_stamp(work)
+        one = throughput(work, "one", 1, args.per_client)
+        eight = throughput(work, "eight", 8, args.per_client)
+        agent = LocalAgent(work, "latency", AGENT_ARGS + ["--slots", str(args.slots)])
+        agent.start()
+        try:
+            latency_swarm(agent, stamp, 20)  # warm up
+            direct = latency_direct(stamp, args.latency_samples)
+            via = latency_swarm(agent, stamp, args.latency_samples)
+        finally:
+            agent.stop()
+
+    res = {
+        "throughput_1_client": one,
+        "throughput_8_clients": eight,
+        "latency_ms": {
+            "swarm_p50": 1000 * statistics.median(via),
+            "swarm_p99": 1000 * pct(via, 0.99),
+            "direct_p50": 1000 * statistics.median(direct),
+            "direct_p99": 1000 * pct(direct, 0.99),
+        },
+        "stamp": stamp[0],
+    }
+    lat = res["latency_ms"]
+    lat["ratio_p50"] = lat["swarm_p50"] / lat["direct_p50"]
+    res["targets"] = {
+        "submissions_per_s_8_clients>=1000": eight["per_second"] >= 1000,
+        "start_p50_ratio<=3": lat["ratio_p50"] <= 3.0,
+    }
+    print("submission throughput (acknowledged = journaled, fsync'd)")
+    print(
+        f"  1 client : {one['per_second']:8.0f} /s  ({one['submissions']} in {one['seconds']:.2f} s)"
+    )
+    print(
+        f"  8 clients: {eight['per_second']:8.0f} /s  ({eight['submissions']} in {eight['seconds']:.2f} s)"
+    )
+    print(f"  8 clients: {eight['journal_ops']} journal ops in {eight['journal_commits']} commits")
+    print("submit-to-process-start latency (ms)")
+    print(f"  swarm  p50 {lat['swarm_p50']:7.2f}  p99 {lat['swarm_p99']:7.2f}")
+    print(f"  direct p50 {lat['direct_p50']:7.2f}  p99 {lat['direct_p99']:7.2f}   (subprocess.run)")
+    print(f"  ratio p50 {lat['ratio_p50']:.2f}x")
+    for k, v in res["targets"].items():
+        print(f"  target {k}: {'met' if v else 'NOT met'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
