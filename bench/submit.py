@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarm.localcluster import LocalAgent  # noqa: E402
+from swarm.localcluster import LocalAgent
 
 HERE = Path(__file__).resolve().parent
 AGENT_ARGS = [
@@ -60,7 +60,7 @@ def throughput(work: Path, name: str, clients: int, per_client: int) -> dict[str
     """Submissions acknowledged per second by a fresh agent whose one slot is held by a
     blocker, so the figure is the submit path itself (decode, validate, journal with
     fsync, reply), not process spawning competing for the same core."""
-    agent = LocalAgent(work, name, AGENT_ARGS + ["--slots", "1"])
+    agent = LocalAgent(work, name, [*AGENT_ARGS, "--slots", "1"])
     agent.start()
     try:
         with agent.client() as c:
@@ -133,7 +133,7 @@ def main() -> None:
         stamp = build_stamp(work)
         one = throughput(work, "one", 1, args.per_client)
         eight = throughput(work, "eight", 8, args.per_client)
-        agent = LocalAgent(work, "latency", AGENT_ARGS + ["--slots", str(args.slots)])
+        agent = LocalAgent(work, "latency", [*AGENT_ARGS, "--slots", str(args.slots)])
         agent.start()
         try:
             latency_swarm(agent, stamp, 20)  # warm up
@@ -160,12 +160,8 @@ def main() -> None:
         "start_p50_ratio<=3": lat["ratio_p50"] <= 3.0,
     }
     print("submission throughput (acknowledged = journaled, fsync'd)")
-    print(
-        f"  1 client : {one['per_second']:8.0f} /s  ({one['submissions']} in {one['seconds']:.2f} s)"
-    )
-    print(
-        f"  8 clients: {eight['per_second']:8.0f} /s  ({eight['submissions']} in {eight['seconds']:.2f} s)"
-    )
+    for label, r in (("1 client ", one), ("8 clients", eight)):
+        print(f"  {label}: {r['per_second']:8.0f} /s  ({r['submissions']} in {r['seconds']:.2f} s)")
     print(f"  8 clients: {eight['journal_ops']} journal ops in {eight['journal_commits']} commits")
     print("submit-to-process-start latency (ms)")
     print(f"  swarm  p50 {lat['swarm_p50']:7.2f}  p99 {lat['swarm_p99']:7.2f}")

@@ -15,7 +15,6 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from .localcluster import LocalAgent
 
