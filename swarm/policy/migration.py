@@ -159,6 +159,19 @@ class BandwidthEstimator:
 
 @attrs.frozen
 class MigrationConfig:
+    """Knobs of the decision; the defaults are conservative because a wrong move costs
+    a pause and risk while a missed one only costs some speed.
+
+    margin: gain must beat margin x cost. age_factor: E[remaining | age] / age.
+    default_bandwidth: bytes/s when no transfer to the peer was measured yet.
+    max_per_node / max_cluster: migrations in flight at one node (here or target) /
+    in this node's view of the cluster. cooldown: seconds after a task arrived before
+    it may move again. max_moves: moves per task over its life. rate / burst: token
+    bucket over all migrations started here. max_report_age: ignore targets whose
+    gossiped report is older. dry_run: decide and report, start nothing.
+    slowdown: (report, extra tasks) -> slowdown factor (see cpu_slowdown).
+    """
+
     margin: float = 1.5
     age_factor: float = 1.0
     default_bandwidth: float = 100e6  # bytes/s
