@@ -194,10 +194,11 @@ class ReplayWindow:
     """Sliding window over one stream's counters: accepts each counter once, and
     nothing older than `size` below the highest seen."""
 
-    __slots__ = ("bits", "size", "top")
+    __slots__ = ("bits", "mask", "size", "top")
 
     def __init__(self, size: int = DEFAULT_WINDOW) -> None:
         self.size = size
+        self.mask = (1 << size) - 1
         self.top = -1  # highest counter accepted so far
         self.bits = 0  # bit i set = counter (top - i) seen
 
@@ -213,7 +214,7 @@ class ReplayWindow:
     def mark(self, counter: int) -> None:
         if counter > self.top:
             shift = counter - self.top
-            self.bits = ((self.bits << shift) | 1) & ((1 << self.size) - 1)
+            self.bits = ((self.bits << shift) | 1) & self.mask if shift < self.size else 1
             self.top = counter
         else:
             self.bits |= 1 << (self.top - counter)
