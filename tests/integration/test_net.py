@@ -89,6 +89,30 @@ async def test_udp_round_trip_encrypted() -> None:
         assert set(a.counters) == set(COUNTER_NAMES)
 
 
+async def test_wildcard_bind_and_advertise_address() -> None:
+    cfg = TransportConfig(cluster="test", bind_host="0.0.0.0", advertise_host="10.1.2.3")
+    async with open_transport(cfg, sealer()) as t:
+        assert t.local == ("0.0.0.0", t.port) and t.advertise == ("10.1.2.3", t.port)
+    async with open_transport(TransportConfig(cluster="test"), sealer()) as t:
+        host = t.advertise[0]
+        assert host and host != "0.0.0.0"  # a routable guess, or loopback
+        async with node() as a:  # reachable through the wildcard bind
+            await a.send_packet((LO, t.port), b"hi")
+            assert (await recv(t))[1] == b"hi"
+            t.serve(echo)
+            assert (await a.request((LO, t.port), 1, timeout=10))["echo"] == 1
+
+
+async def test_ipv6_loopback() -> None:
+    cfg = TransportConfig(cluster="test", bind_host="::1")
+    async with open_transport(cfg, sealer()) as a, open_transport(cfg, sealer()) as b:
+        assert a.advertise == ("::1", a.port)
+        await a.send_packet(b.advertise, b"v6")
+        assert await recv(b) == (("::1", a.port), b"v6", False)
+        b.serve(echo)
+        assert (await a.request(b.advertise, "x", timeout=10))["peer_port"] == a.port
+
+
 async def test_udp_insecure_round_trip() -> None:
     async with node(None) as a, node(None) as b:
         await a.send_packet(b.advertise, b"plain")

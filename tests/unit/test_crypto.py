@@ -327,6 +327,19 @@ def test_open_random_bytes_only_raises_crypto_error(data: bytes) -> None:
 
 
 @settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_forgeries_with_a_valid_header_prefix_fail_decrypt(body: bytes) -> None:
+    """Random bodies behind our version byte and key hint reach the AEAD and fail there."""
+    a = Sealer(ring(K1), "prod")
+    b = Sealer(ring(K1), "prod")
+    prefix = a.seal(b"", NOW)[:5]  # version + key hint
+    packet = prefix + body
+    with pytest.raises(CryptoError) as ei:
+        b.open(packet, NOW)
+    assert ei.value.reason == ("short" if len(packet) < OVERHEAD else "decrypt")
+
+
+@settings(max_examples=200, deadline=None)
 @given(st.binary(min_size=0, max_size=64), st.integers(0, 200), st.integers(0, 255))
 def test_mutated_sealed_packets_never_open(msg: bytes, pos: int, xor: int) -> None:
     a = Sealer(ring(K1), "prod")
