@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.policy import gpu
+from swarm.policy import gpu_inventory
 from swarm.policy.gpu import (
     GpuConfigError,
     GpuDevice,
@@ -128,12 +128,12 @@ def test_nvml_shaped_data() -> None:
     # A DGX-like box: 0-3 and 4-7 NVLinked; pairs under one switch; sockets 0/1.
     def level(i: int, j: int) -> int:
         if i == j:
-            return gpu.NVML_TOPOLOGY_INTERNAL
+            return gpu_inventory.NVML_TOPOLOGY_INTERNAL
         if i // 2 == j // 2:
-            return gpu.NVML_TOPOLOGY_SINGLE
+            return gpu_inventory.NVML_TOPOLOGY_SINGLE
         if i // 4 == j // 4:
-            return gpu.NVML_TOPOLOGY_NODE
-        return gpu.NVML_TOPOLOGY_SYSTEM
+            return gpu_inventory.NVML_TOPOLOGY_NODE
+        return gpu_inventory.NVML_TOPOLOGY_SYSTEM
 
     levels = [[level(i, j) for j in range(8)] for i in range(8)]
     links = [[12 if i != j and i // 4 == j // 4 else 0 for j in range(8)] for i in range(8)]

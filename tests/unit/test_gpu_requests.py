@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarm.model import GpuRequest
-from swarm.policy import gpu
+from swarm.policy import gpu, gpu_inventory
 from swarm.policy.gpu import GpuRequestError, parse_bytes, request_from_flags, validate
 
 GiB = 2**30
@@ -164,7 +164,7 @@ def test_parse_bytes_errors(text: object, words: str) -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.integers(0, 2**50), st.sampled_from(["", "B", "K", "KiB", "MB", "G", "GiB", "TB"]))
 def test_parse_bytes_integer_amounts(n: int, unit: str) -> None:
-    assert parse_bytes(f"{n}{unit}") == n * gpu._UNITS[unit.lower()]
+    assert parse_bytes(f"{n}{unit}") == n * gpu_inventory._UNITS[unit.lower()]
 
 
 @settings(max_examples=100, deadline=None)
