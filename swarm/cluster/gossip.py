@@ -1,0 +1,234 @@
+"""Piggyback dissemination and the merge rules of membership and load state.
+
+Two jobs, both pure:
+
+* `BroadcastQueue`: memberlist's TransmitLimitedQueue. Messages waiting to be
+  piggybacked, fewest transmissions first, each sent at most
+  ``mult * ceil(log10(n + 1))`` times, and a newer message about the same subject
+  replaces the queued one (invalidation). We add priority *tiers*: membership
+  messages always go before application broadcasts, which go before load reports,
+  and load may only use part of a packet. So bandwidth stays bounded by packet size
+  and send rate however many load reports are waiting; load simply gets staler as
+  the cluster grows (knowingly stale).
+* Merge rules: a member record is a point in a lattice ordered by
+  (incarnation, precedence, address); merging is the join (max), hence commutative,
+  associative and idempotent. Load reports merge by version. Push-pull softens a
+  remote "dead" to "suspect" (as memberlist does) before the join, so a stale view
+  cannot kill a live node outright: it has to go through suspicion and may refute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Mapping
+
+import attrs
+
+from swarm import model as m
+
+MEMBER_TIER = 0
+APP_TIER = 1
+LOAD_TIER = 2
+N_TIERS = 3
+
+_PRECEDENCE: Mapping[m.MemberState, int] = {
+    m.MemberState.ALIVE: 0,
+    m.MemberState.SUSPECT: 1,
+    m.MemberState.DEAD: 2,
+    m.MemberState.LEFT: 3,
+}
+_ALIVE = m.MemberState.ALIVE
+_SUSPECT = m.MemberState.SUSPECT
+_DEAD = m.MemberState.DEAD
+
+
+# ------------------------------------------------------------ memberlist's formulas
+
+
+def retransmit_limit(mult: int, n: int) -> int:
+    """How many times one node sends one broadcast (memberlist: mult * ceil(log10(n+1)))."""
+    return mult * math.ceil(math.log10(max(1, n) + 1))
+
+
+def push_pull_scale(interval: float, n: int, threshold: int = 32) -> float:
+    """memberlist's pushPullScale: above 32 nodes the interval grows with log2(n)."""
+    if n <= threshold:
+        return interval
+    multiplier = math.ceil(math.log2(n) - math.log2(threshold)) + 1
+    return interval * multiplier
+
+
+# ------------------------------------------------------------------ merge rules
+
+
+def precedence(state: m.MemberState) -> int:
+    return _PRECEDENCE[state]
+
+
+def record_key(mb: m.Member) -> tuple[int, int, str, int]:
+    """Total order of member records: the newer/stronger one is the larger.
+
+    Incarnation first (only the node itself raises it, to refute); at equal
+    incarnation left > dead > suspect > alive; the address breaks the remaining tie
+    deterministically (two processes claiming one id at one incarnation).
+    """
+    s = mb.state
+    # identity chain instead of a dict: Enum.__hash__ is slow and this is a hot path
+    rank = 0 if s is _ALIVE else 1 if s is _SUSPECT else 2 if s is _DEAD else 3
+    return (mb.incarnation, rank, mb.addr, mb.port)
+
+
+def merge_member(current: m.Member | None, incoming: m.Member) -> m.Member:
+    """Join of two records about the same node."""
+    if current is None or record_key(incoming) > record_key(current):
+        return incoming
+    return current
+
+
+def soften(mb: m.Member) -> m.Member:
+    """How a push-pull record is read: a remote 'dead' only makes us suspect."""
+    if mb.state is m.MemberState.DEAD:
+        return attrs.evolve(mb, state=m.MemberState.SUSPECT)
+    return mb
+
+
+def merge_view(
+    view: Mapping[m.NodeId, m.Member], records: Iterable[m.Member], *, push_pull: bool = False
+) -> dict[m.NodeId, m.Member]:
+    """The view after merging `records` (gossip, or a push-pull state if push_pull)."""
+    out = dict(view)
+    for rec in records:
+        r = soften(rec) if push_pull else rec
+        out[r.node] = merge_member(out.get(r.node), r)
+    return out
+
+
+def merge_load(current: m.LoadReport | None, incoming: m.LoadReport) -> m.LoadReport:
+    """Newest version wins; equal versions keep the one we have (they are the same report)."""
+    if current is None or incoming.version > current.version:
+        return incoming
+    return current
+
+
+def merge_loads(
+    store: Mapping[m.NodeId, m.LoadReport], reports: Iterable[m.LoadReport]
+) -> dict[m.NodeId, m.LoadReport]:
+    out = dict(store)
+    for r in reports:
+        out[r.node] = merge_load(out.get(r.node), r)
+    return out
+
+
+# -------------------------------------------------------------- broadcast queue
+
+
+@attrs.define
+class _Item:
+    key: Hashable
+    blob: bytes
+    kind: str
+    tier: int
+    mult: int
+    transmits: int = 0
+
+
+@attrs.frozen
+class Taken:
+    """One message picked for a packet."""
+
+    key: Hashable
+    kind: str
+    blob: bytes
+
+
+class BroadcastQueue:
+    """Transmit-limited, invalidating, tiered piggyback queue.
+
+    Per tier, items sit in buckets by transmit count; a take scans the tiers in
+    order, each from its lowest bucket, newest item first, and packs what fits.
+    Invalidation is by key: enqueueing a key that is queued replaces that item
+    (and resets its count), e.g. ("m", node) for membership news about one node.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[Hashable, _Item] = {}
+        self._buckets: list[dict[int, dict[Hashable, _Item]]] = [{} for _ in range(N_TIERS)]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._items
+
+    def tier_len(self, tier: int) -> int:
+        return sum(len(b) for b in self._buckets[tier].values())
+
+    def transmits(self, key: Hashable) -> int | None:
+        it = self._items.get(key)
+        return None if it is None else it.transmits
+
+    def enqueue(self, key: Hashable, blob: bytes, *, kind: str, tier: int, mult: int) -> None:
+        self.remove(key)
+        it = _Item(key=key, blob=blob, kind=kind, tier=tier, mult=mult)
+        self._items[key] = it
+        self._buckets[tier].setdefault(0, {})[key] = it
+
+    def remove(self, key: Hashable) -> None:
+        it = self._items.pop(key, None)
+        if it is not None:
+            self._unbucket(it)
+
+    def _unbucket(self, it: _Item) -> None:
+        b = self._buckets[it.tier][it.transmits]
+        del b[it.key]
+        if not b:
+            del self._buckets[it.tier][it.transmits]
+
+    def take(
+        self,
+        budget: int,
+        n_nodes: int,
+        *,
+        overhead: int = 3,
+        tier_caps: Mapping[int, int] | None = None,
+        max_scan: int = 512,
+    ) -> list[Taken]:
+        """Pick messages whose encoded size plus `overhead` each fits in `budget`.
+
+        Every picked message counts one transmission; it leaves the queue at its
+        retransmit limit, computed with today's cluster size as memberlist does.
+        `tier_caps` bounds the bytes a tier may use in this take. Scanning stops
+        after `max_scan` items so a huge queue cannot make one take expensive.
+        """
+        picked: list[_Item] = []
+        remaining = budget
+        scanned = 0
+        for tier in range(N_TIERS):
+            buckets = self._buckets[tier]
+            if not buckets:
+                continue
+            cap = remaining if tier_caps is None else min(remaining, tier_caps.get(tier, remaining))
+            for t in sorted(buckets):
+                for it in reversed(buckets[t].values()):
+                    scanned += 1
+                    size = len(it.blob) + overhead
+                    if size <= cap:
+                        picked.append(it)
+                        cap -= size
+                        remaining -= size
+                    if cap < 8 or scanned >= max_scan:
+                        break
+                if cap < 8 or scanned >= max_scan:
+                    break
+            if remaining < 8 or scanned >= max_scan:
+                break
+        out = [Taken(it.key, it.kind, it.blob) for it in picked]
+        # Re-bucket oldest first so that the next take still sees the newest first.
+        for it in reversed(picked):
+            self._unbucket(it)
+            it.transmits += 1
+            if it.transmits >= retransmit_limit(it.mult, n_nodes):
+                del self._items[it.key]
+            else:
+                self._buckets[it.tier].setdefault(it.transmits, {})[it.key] = it
+        return out
