@@ -19,8 +19,10 @@ Two jobs, both pure:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Iterable, Mapping
+from typing import NamedTuple
 
 import attrs
 
@@ -132,8 +134,7 @@ class _Item:
     transmits: int = 0
 
 
-@attrs.frozen
-class Taken:
+class Taken(NamedTuple):
     """One message picked for a packet."""
 
     key: Hashable
@@ -153,6 +154,7 @@ class BroadcastQueue:
     def __init__(self) -> None:
         self._items: dict[Hashable, _Item] = {}
         self._buckets: list[dict[int, dict[Hashable, _Item]]] = [{} for _ in range(N_TIERS)]
+        self._tier_count = [0] * N_TIERS
 
     def __len__(self) -> int:
         return len(self._items)
@@ -161,7 +163,7 @@ class BroadcastQueue:
         return key in self._items
 
     def tier_len(self, tier: int) -> int:
-        return sum(len(b) for b in self._buckets[tier].values())
+        return self._tier_count[tier]
 
     def transmits(self, key: Hashable) -> int | None:
         it = self._items.get(key)
@@ -172,11 +174,32 @@ class BroadcastQueue:
         it = _Item(key=key, blob=blob, kind=kind, tier=tier, mult=mult)
         self._items[key] = it
         self._buckets[tier].setdefault(0, {})[key] = it
+        self._tier_count[tier] += 1
+
+    def only_tier(self, tier: int) -> bool:
+        """True if everything queued is in `tier` (e.g. nothing but load reports)."""
+        return bool(self._items) and self._tier_count[tier] == len(self._items)
+
+    def prune(self, tier: int, max_items: int) -> int:
+        """Drop the most-transmitted (then oldest) items of a tier beyond max_items
+        (memberlist's Prune). Returns how many were dropped."""
+        buckets = self._buckets[tier]
+        excess = self._tier_count[tier] - max_items
+        dropped = 0
+        for t in sorted(buckets, reverse=True):
+            if dropped >= excess:
+                break
+            keys = list(itertools.islice(buckets[t], excess - dropped))
+            for key in keys:
+                self.remove(key)
+            dropped += len(keys)
+        return dropped
 
     def remove(self, key: Hashable) -> None:
         it = self._items.pop(key, None)
         if it is not None:
             self._unbucket(it)
+            self._tier_count[it.tier] -= 1
 
     def _unbucket(self, it: _Item) -> None:
         b = self._buckets[it.tier][it.transmits]
@@ -208,6 +231,7 @@ class BroadcastQueue:
             if not buckets:
                 continue
             cap = remaining if tier_caps is None else min(remaining, tier_caps.get(tier, remaining))
+            misses = 0  # consecutive items that did not fit: the tier is as full as it gets
             for t in sorted(buckets):
                 for it in reversed(buckets[t].values()):
                     scanned += 1
@@ -216,19 +240,27 @@ class BroadcastQueue:
                         picked.append(it)
                         cap -= size
                         remaining -= size
-                    if cap < 8 or scanned >= max_scan:
+                        misses = 0
+                    else:
+                        misses += 1
+                    if cap < 8 or misses >= 8 or scanned >= max_scan:
                         break
-                if cap < 8 or scanned >= max_scan:
+                if cap < 8 or misses >= 8 or scanned >= max_scan:
                     break
             if remaining < 8 or scanned >= max_scan:
                 break
         out = [Taken(it.key, it.kind, it.blob) for it in picked]
+        limits: dict[int, int] = {}
         # Re-bucket oldest first so that the next take still sees the newest first.
         for it in reversed(picked):
             self._unbucket(it)
             it.transmits += 1
-            if it.transmits >= retransmit_limit(it.mult, n_nodes):
+            limit = limits.get(it.mult)
+            if limit is None:
+                limit = limits[it.mult] = retransmit_limit(it.mult, n_nodes)
+            if it.transmits >= limit:
                 del self._items[it.key]
+                self._tier_count[it.tier] -= 1
             else:
                 self._buckets[it.tier].setdefault(it.transmits, {})[it.key] = it
         return out

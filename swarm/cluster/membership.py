@@ -114,6 +114,8 @@ class MembershipConfig:
     reconnect_interval: float = attrs.field(default=30.0, validator=_positive)
     tombstone_ttl: float = attrs.field(default=3600.0, validator=_positive)
     load_refresh_interval: float = attrs.field(default=5.0, validator=_positive)
+    load_gossip_interval: float = attrs.field(default=1.0, validator=_positive)
+    load_queue_max: int = attrs.field(default=512, validator=_positive)
     load_retransmit_mult: int = attrs.field(default=1, validator=_positive)
     load_packet_share: float = attrs.field(default=0.5, validator=_positive)
     load_events: bool = True
@@ -134,6 +136,7 @@ class MembershipConfig:
             "gossip_to_the_dead_time": 5.0,
             "reconnect_interval": 2.0,
             "load_refresh_interval": 1.0,
+            "load_gossip_interval": 0.25,
         }
         base.update(overrides)
         return cls(**base)
@@ -327,8 +330,9 @@ class Membership:
         r = rng.random
         self._timers.set("probe", now + r() * config.probe_interval)
         # Gossip rounds are not a heap timer: while the queue is empty they are
-        # skipped without waking up (an idle node only wakes to probe).
-        self._gossip_due = now + r() * config.gossip_interval
+        # skipped without waking up (an idle node only wakes to probe), and while it
+        # holds nothing but load reports they run at the slower load_gossip_interval.
+        self._gossip_last = now - r() * config.gossip_interval
         self._timers.set("push_pull", now + r() * config.push_pull_interval)
         self._timers.set("reconnect", now + (1 + r()) * config.reconnect_interval)
         self._enqueue_member(self._members[me.node], "")
@@ -398,9 +402,15 @@ class Membership:
     def next_deadline(self) -> float:
         """When tick must be called next (may be in the past: call it now)."""
         t = self._timers.next()
-        if self._queue and self._gossip_due < t:
-            return self._gossip_due
+        if self._queue:
+            return min(t, self._gossip_last + self._gossip_period())
         return t
+
+    def _gossip_period(self) -> float:
+        cfg = self.config
+        if self._queue.only_tier(g.LOAD_TIER):
+            return cfg.load_gossip_interval
+        return cfg.gossip_interval
 
     def queue_len(self) -> int:
         return len(self._queue)
@@ -441,9 +451,9 @@ class Membership:
                     continue
             self._deferrals.pop(key, None)
             self._fire(key, due, now, out)
-        if self._queue and self._gossip_due <= now:
+        if self._queue and now >= self._gossip_last + self._gossip_period():
+            self._gossip_last = now
             self._gossip(now, out)
-            self._gossip_due = _next_period(self._gossip_due, self.config.gossip_interval, now)
         return out
 
     def receive(
@@ -468,9 +478,9 @@ class Membership:
             return out
         try:
             for msg, blob in zip(pkt.messages, pkt.blobs, strict=True):
-                kind = MESSAGE_KIND[type(msg)]
-                st["in." + kind] += 1
-                st["in." + kind + ".bytes"] += len(blob)
+                k_n, k_b = _IN_KEYS[type(msg)]
+                st[k_n] += 1
+                st[k_b] += len(blob)
                 self._handle(msg, blob, src, now, reliable, out)
         except Exception as e:  # never let a bug take the node down; make it visible
             st["error.internal"] += 1
@@ -558,6 +568,9 @@ class Membership:
                 self._apply(rec, "", now, gossip=False, quiet=True)
         self._rng.shuffle(self._ring)
         self._joined = True
+        # Stagger the first push-pull over the interval for today's cluster size.
+        interval = g.push_pull_scale(self.config.push_pull_interval, self._n_live)
+        self._timers.set("push_pull", now + self._rng.random() * interval)
 
     # ---------------------------------------------------------- dispatch
 
@@ -791,8 +804,9 @@ class Membership:
         st["out.packets"] += 1
         st["out.bytes"] += len(payload)
         for kind, b in blobs:
-            st["out." + kind] += 1
-            st["out." + kind + ".bytes"] += len(b)
+            k_n, k_b = _OUT_KEYS[kind]
+            st[k_n] += 1
+            st[k_b] += len(b)
         out.append(Outgoing(dest, payload, False))
         return True
 
@@ -975,13 +989,17 @@ class Membership:
         if self.config.load_events:
             self._events.append(LoadUpdated(r, now))
         if relay_blob is not None:
-            self._queue.enqueue(
+            q = self._queue
+            q.enqueue(
                 ("l", node),
                 relay_blob,
                 kind="load",
                 tier=g.LOAD_TIER,
                 mult=self.config.load_retransmit_mult,
             )
+            cap = self.config.load_queue_max
+            if q.tier_len(g.LOAD_TIER) > cap + cap // 8:  # prune in batches
+                self.stats["load.pruned"] += q.prune(g.LOAD_TIER, cap)
 
     # -------------------------------------------------------------- app
 
@@ -1104,6 +1122,10 @@ class Membership:
             if payload is not None:
                 self._count_out("push_pull", payload, reliable=True)
                 out.append(Outgoing(dest, payload, True))
+
+
+_IN_KEYS = {t: ("in." + k, "in." + k + ".bytes") for t, k in MESSAGE_KIND.items()}
+_OUT_KEYS = {k: ("out." + k, "out." + k + ".bytes") for k in MESSAGE_KIND.values()}
 
 
 def _accuses(key: Hashable) -> bool:

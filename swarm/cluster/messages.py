@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import msgpack
 
+from swarm import codec as model_codec
 from swarm import model as m
 from swarm import wire
 from swarm.wire import Fields, FrameTooLarge, MalformedFrame, SchemaError, VersionMismatch
@@ -163,6 +164,7 @@ _LOAD_SHORT: Mapping[str, str] = {
     "slots": "k",
     "cpu_util": "c",
     "load_per_core": "lc",
+    "cpus": "cp",
     "mem_available": "ma",
     "mem_total": "mt",
     "psi_cpu": "pc",
@@ -171,29 +173,37 @@ _LOAD_SHORT: Mapping[str, str] = {
     "isolation": "i",
     "criu": "cr",
 }
-_LOAD_LONG: Mapping[str, str] = {v: k for k, v in _LOAD_SHORT.items()}
-_LOAD_DEFAULTS: Mapping[str, Any] = wire.load_report_to_wire(m.LoadReport(node="", version=0))
+_LOAD_DEFAULTS: Mapping[str, Any] = model_codec.load_report_to_wire(
+    m.LoadReport(node="", version=0)
+)
+# A field added to LoadReport later travels under its long name until it gets a short
+# one here (tests check that every field has one).
+_LOAD_LONG: Mapping[str, str] = {
+    **{k: k for k in _LOAD_DEFAULTS},
+    **{v: k for k, v in _LOAD_SHORT.items()},
+}
 
 
 def load_to_compact(r: m.LoadReport) -> dict[str, Any]:
-    full = wire.load_report_to_wire(r)
+    full = model_codec.load_report_to_wire(r)
     out: dict[str, Any] = {}
     for k, v in full.items():
-        if k in ("node", "version") or v != _LOAD_DEFAULTS[k]:
-            out[_LOAD_SHORT[k]] = v
+        if k in ("node", "version") or v != _LOAD_DEFAULTS.get(k):
+            out[_LOAD_SHORT.get(k, k)] = v
     return out
 
 
 def load_from_compact(obj: Any) -> m.LoadReport:
+    """Map the short keys back and run the shared schema (strict, typed errors)."""
     if not isinstance(obj, dict):
         raise SchemaError(f"load report: expected a map, got {type(obj).__name__}")
     full: dict[str, Any] = {}
     for k, v in obj.items():
         long = _LOAD_LONG.get(k) if isinstance(k, str) else None
-        if long is None:
-            raise SchemaError(f"load report: unknown field {k!r:.40}")
+        if long is None or long in full:
+            raise SchemaError(f"load report: unknown or repeated field {k!r:.40}")
         full[long] = v
-    report: m.LoadReport = wire.decode_with(wire.load_report_from_wire, full)
+    report: m.LoadReport = wire.decode_with(model_codec.load_report_from_wire, full)
     return report
 
 

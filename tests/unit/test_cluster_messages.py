@@ -122,11 +122,27 @@ def test_compact_load_leaves_defaults_out_and_round_trips() -> None:
         mem_total=2,
         psi_cpu=3.0,
         psi_mem=4.0,
+        cpus=6.5,
         gpus=(m.GpuDeviceFree(1, 2, 3, 4),),
         isolation="cgroup1",
         criu=True,
     )
     assert load_from_compact(load_to_compact(full)) == full
+
+
+def test_every_load_field_has_a_short_wire_name() -> None:
+    from swarm import codec as model_codec
+    from swarm.cluster.messages import _LOAD_SHORT
+
+    full = model_codec.load_report_to_wire(_report())
+    assert set(full) == set(_LOAD_SHORT)
+    assert len(set(_LOAD_SHORT.values())) == len(_LOAD_SHORT)
+
+
+def test_compact_load_accepts_long_names_but_not_both() -> None:
+    assert load_from_compact({"node": "a", "v": 3}) == _report("a", 3)
+    with pytest.raises(wire.SchemaError):
+        load_from_compact({"n": "a", "node": "a", "v": 3})
 
 
 def test_codec_cache_returns_same_objects() -> None:

@@ -223,3 +223,27 @@ def test_load_merge_newest_version_wins_in_any_order(
     assert g.merge_loads(a, reps) == a
     for node, r in a.items():
         assert r.version == max(x.version for x in reps if x.node == node)
+
+
+def test_prune_drops_most_transmitted_first() -> None:
+    q = g.BroadcastQueue()
+    for i in range(6):
+        q.enqueue(f"l{i}", b"l", kind="load", tier=g.LOAD_TIER, mult=10)
+    q.take(3 * 4, n_nodes=100, overhead=3)  # l5, l4, l3 go out once
+    q.enqueue("m", b"m", kind="member", tier=g.MEMBER_TIER, mult=10)
+    assert q.prune(g.LOAD_TIER, 4) == 2
+    assert q.tier_len(g.LOAD_TIER) == 4
+    assert {"l0", "l1", "l2"} <= {k for k in ("l0", "l1", "l2", "l3", "l4", "l5") if k in q}
+    assert "m" in q  # other tiers untouched
+    assert q.prune(g.LOAD_TIER, 10) == 0
+
+
+def test_only_tier() -> None:
+    q = g.BroadcastQueue()
+    assert not q.only_tier(g.LOAD_TIER)
+    q.enqueue("l", b"l", kind="load", tier=g.LOAD_TIER, mult=1)
+    assert q.only_tier(g.LOAD_TIER)
+    q.enqueue("m", b"m", kind="member", tier=g.MEMBER_TIER, mult=1)
+    assert not q.only_tier(g.LOAD_TIER)
+    q.remove("m")
+    assert q.only_tier(g.LOAD_TIER)
