@@ -39,15 +39,33 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 import attrs
 
 from swarm import model as m
-from swarm.cluster.membership import Addr, Event, Membership, MembershipConfig, Outgoing
+from swarm.cluster.membership import Addr, Membership, MembershipConfig, Outgoing
 from swarm.cluster.messages import Codec
 
 LatencyFn = Callable[[random.Random], float]
-Observer = Callable[["SimNode", Event, float], None]
+Observer = Callable[["SimNode", Any, float], None]
+
+
+class Endpoint(Protocol):
+    """What a node runs: any sans-IO core with this shape (Membership has it)."""
+
+    def tick(self, now: float) -> list[Outgoing]: ...
+
+    def receive(
+        self, src: Addr, payload: bytes, now: float, reliable: bool = False
+    ) -> list[Outgoing]: ...
+
+    def next_deadline(self) -> float: ...
+
+    def poll_events(self) -> Sequence[Any]: ...
+
+
+EndpointFactory = Callable[[m.Member, random.Random, float], Endpoint]
 
 _TICK = 0
 _DELIVER = 1
@@ -92,7 +110,7 @@ class SimNode:
     id: m.NodeId
     index: int
     addr: Addr
-    membership: Membership
+    endpoint: Endpoint
     alive: bool = True
     stalled_until: float = -math.inf
     resume_timers_first: bool = True
@@ -100,6 +118,13 @@ class SimNode:
     tick_at: float = math.inf
     counters: NodeCounters = attrs.field(factory=NodeCounters)
     started_at: float = 0.0
+
+    @property
+    def membership(self) -> Membership:
+        """The endpoint as a Membership (the default kind of node)."""
+        if not isinstance(self.endpoint, Membership):
+            raise TypeError(f"node {self.id} runs a {type(self.endpoint).__name__}")
+        return self.endpoint
 
 
 class GossipNet:
@@ -150,8 +175,10 @@ class GossipNet:
         config: MembershipConfig | None = None,
         incarnation: int = 0,
         addr: Addr | None = None,
+        factory: EndpointFactory | None = None,
     ) -> SimNode:
-        """Create a node (not yet joined: see join / bootstrap)."""
+        """Create a node (not yet joined: see join / bootstrap). By default it runs a
+        Membership; `factory(me, rng, now)` makes it run any other Endpoint."""
         index = self._next_index
         self._next_index += 1
         nid = node_id if node_id is not None else self._make_id(index)
@@ -163,8 +190,12 @@ class GossipNet:
             node=nid, addr=addr[0], port=addr[1], incarnation=incarnation, cluster=self.cluster
         )
         rng = random.Random(f"{self.seed}:{nid}:{index}")
-        ms = Membership(config or self.config, me, rng, self.now, codec=self.codec)
-        node = SimNode(id=nid, index=index, addr=addr, membership=ms, started_at=self.now)
+        ep: Endpoint
+        if factory is not None:
+            ep = factory(me, rng, self.now)
+        else:
+            ep = Membership(config or self.config, me, rng, self.now, codec=self.codec)
+        node = SimNode(id=nid, index=index, addr=addr, endpoint=ep, started_at=self.now)
         self.nodes[nid] = node
         self.by_addr[addr] = node
         self._reschedule(node)
@@ -281,7 +312,7 @@ class GossipNet:
                 if not node.alive or node.tick_at != when or node.stalled_until > when:
                     continue
                 node.tick_at = math.inf
-                self._after_call(node, node.membership.tick(when))
+                self._after_call(node, node.endpoint.tick(when))
             elif kind == _DELIVER:
                 assert isinstance(a, SimNode)
                 nodes_alive_check(a, b, c, d)  # type: ignore[arg-type]
@@ -340,14 +371,14 @@ class GossipNet:
     def _reschedule(self, node: SimNode) -> None:
         if not node.alive:
             return
-        d = node.membership.next_deadline()
+        d = node.endpoint.next_deadline()
         if d < node.tick_at:
             d = max(d, self.now)
             node.tick_at = d
             self._push(d, _TICK, node, None, None, None)
 
     def _after_call(self, node: SimNode, out: list[Outgoing]) -> None:
-        ev = node.membership.poll_events()
+        ev = node.endpoint.poll_events()
         if ev and self.observers:
             now = self.now
             for obs in self.observers:
@@ -409,7 +440,7 @@ class GossipNet:
         else:
             cnt.udp_in_packets += 1
             cnt.udp_in_bytes += len(payload)
-        self._after_call(node, node.membership.receive(src, payload, self.now, reliable))
+        self._after_call(node, node.endpoint.receive(src, payload, self.now, reliable))
 
     def _resume(self, node: SimNode) -> None:
         if not node.alive or node.stalled_until > self.now:
@@ -417,9 +448,9 @@ class GossipNet:
         node.stalled_until = -math.inf
         if node.resume_timers_first:
             node.tick_at = math.inf
-            self._after_call(node, node.membership.tick(self.now))
+            self._after_call(node, node.endpoint.tick(self.now))
         while node.backlog and node.alive:
             src, payload, reliable = node.backlog.popleft()
             self._receive(node, src, payload, reliable)
         node.tick_at = math.inf
-        self._after_call(node, node.membership.tick(self.now))
+        self._after_call(node, node.endpoint.tick(self.now))

@@ -7,8 +7,10 @@ detection takes), not wall-clock thresholds.
 from __future__ import annotations
 
 import functools
+import random
 from collections import Counter
 
+import attrs
 import pytest
 
 from swarm import model as m
@@ -18,6 +20,7 @@ from swarm.cluster.membership import (
     Event,
     EventKind,
     MemberEvent,
+    Membership,
     MembershipConfig,
 )
 from swarm.sim.gossipnet import GossipNet, SimNode
@@ -287,14 +290,12 @@ def test_load_of_a_dead_node_leaves_the_view() -> None:
 def test_other_cluster_is_never_admitted() -> None:
     net = GossipNet(seed=29, config=LOCAL)
     nodes = net.bootstrap(10)
-    intruder = net.add_node("intruder")
+
+    def evil(me: m.Member, rng: random.Random, now: float) -> Membership:
+        return Membership(LOCAL, attrs.evolve(me, cluster="evil"), rng, now, codec=net.codec)
+
     # same network, another cluster name
-    import random as _random
-
-    from swarm.cluster.membership import Membership
-
-    me = m.Member("intruder", intruder.addr[0], intruder.addr[1], cluster="evil")
-    intruder.membership = Membership(LOCAL, me, _random.Random(1), net.now, codec=net.codec)
+    intruder = net.add_node("intruder", factory=evil)
     net.join(intruder.id, [nodes[0].id])
     net.run_for(10.0)
     for nd in nodes:
