@@ -1,29 +1,54 @@
-"""The agent: wires the journal, the runner, the submit socket (and, when enabled,
-the cluster layer) into one trio nursery. Nothing clever lives here; decisions are
-in policy/ and cluster/, I/O in runtime/.
+"""The agent: wires the journal, the runner, the submit socket, the cluster layer and
+the coordinator into one trio nursery. Nothing clever lives here; decisions are in
+policy/ and cluster/, I/O in runtime/.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import random
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import trio
 
 from . import __version__, codec, requests, wire
 from . import model as m
-from .config import Config
+from .config import Config, ConfigError
+from .crypto import Keyring, KeyringError
 from .logs import EventLog
+from .policy import shares as sh
 from .runtime.api import ApiServer, Ops, PeerCred, RequestError
+from .runtime.cluster import ClusterNode, RemoteError
+from .runtime.coordinator import Coordinator
 from .runtime.executor import Executor, kill_orphan
-from .runtime.journal import DelProc, Journal, JournalError
+from .runtime.journal import DelProc, Event, Journal, JournalError, PutKV
+from .runtime.net import TransportError
 from .runtime.runner import LocalRunner
 from .runtime.tasks import TaskTable, UnknownTask, wall_now
 
 LOG_CHUNK = 64 * 1024
+SHARES_KEY = "shares"
+
+
+def load_keyring(config: Config) -> Keyring | None:
+    """The cluster keyring, or None in --insecure mode; refuses to guess."""
+    if config.keyring is None:
+        if config.insecure:
+            return None
+        raise ConfigError(
+            "keyring",
+            "no cluster key: give --keyring FILE (create one with `swarm keygen > FILE`), "
+            "or run with --insecure to send cluster traffic unencrypted",
+        )
+    try:
+        return Keyring.load(config.keyring)
+    except KeyringError as e:
+        raise ConfigError("keyring", str(e)) from None
+    except OSError as e:
+        raise ConfigError("keyring", f"cannot read {config.keyring}: {e.strerror}") from None
 
 
 class Agent:
@@ -31,10 +56,36 @@ class Agent:
         self.config = config
         self.node = config.node_id
         self.log = log or EventLog(fmt=config.log_format, level=config.log_level, node=self.node)
+        keyring = load_keyring(config)
+        if keyring is not None:
+            for w in keyring.warnings:
+                self.log.warning("agent.keyring", warning=w)
+        elif config.insecure:
+            self.log.warning(
+                "agent.insecure", detail="cluster traffic is not encrypted (--insecure)"
+            )
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(config.journal_path, self.log, node=self.node)
         self.table = TaskTable(self.journal, self.node, self.log)
         self.executor = Executor(kill_grace=config.kill_grace, log=self.log)
+        self.ledger = sh.ShareLedger(config.shares)
+        self.rng = random.Random()
+        self.cluster = ClusterNode(
+            node=self.node,
+            cluster=config.cluster,
+            bind=config.bind,
+            port=config.port,
+            advertise=config.advertise,
+            seeds=config.seeds,
+            mdns=config.mdns,
+            mdns_interfaces=config.mdns_interfaces,
+            keyring=keyring,
+            profile=config.profile,
+            state_dir=config.state_dir,
+            faults=config.faults or os.environ.get("SWARM_FAULTS"),
+            log=self.log,
+            rng=self.rng,
+        )
         self.runner = LocalRunner(
             self.table,
             self.executor,
@@ -44,6 +95,24 @@ class Agent:
             state_dir=config.state_dir,
             log=self.log,
         )
+        self.coord = Coordinator(
+            node=self.node,
+            table=self.table,
+            journal=self.journal,
+            runner=self.runner,
+            cluster=self.cluster,
+            ledger=self.ledger,
+            log=self.log,
+            placement_d=config.placement_d,
+            psi_target=config.qos_psi_target,
+            report_interval=config.report_interval,
+            rpc_timeout=2.0 if config.profile == "local" else 5.0,
+            rng=self.rng,
+        )
+        self.runner.can_start = self.coord.can_start
+        self.runner.on_started = self.coord.on_started
+        self.runner.on_finished = self.coord.on_finished
+        self.cluster.rpc.update(cancel=self.rpc_cancel, explain=self.rpc_explain)
         self.api = ApiServer(config.socket, self._ops(), group=config.socket_group, log=self.log)
         self.started_at = wall_now()
         self.accepting = False
@@ -59,7 +128,9 @@ class Agent:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.journal.run)
+                await nursery.start(self.cluster.run)
                 await nursery.start(self.runner.run)
+                await nursery.start(self.coord.run)
                 nursery.start_soon(self._signals)
                 api_scope = trio.CancelScope()
 
@@ -73,7 +144,9 @@ class Agent:
                     "agent.ready",
                     version=__version__,
                     socket=str(self.config.socket),
+                    port=self.cluster.addr[1],
                     slots=self.config.slots,
+                    shares=self.ledger.shares,
                     queued=len(self.runner.queue),
                 )
                 task_status.started()
@@ -82,6 +155,8 @@ class Agent:
                 self.accepting = False
                 api_scope.cancel()
                 await self.runner.shutdown()
+                with trio.move_on_after(3):
+                    await self.cluster.leave()
                 with trio.move_on_after(30):
                     await self.journal.commit([], must_land=True)
                 nursery.cancel_scope.cancel()
@@ -102,19 +177,31 @@ class Agent:
             if kill_orphan(pid, ct):
                 self.log.warning("agent.orphan_killed", task=tid, pid=pid)
             self.journal.enqueue([DelProc(tid)])
+        shares = rec.kv.get(SHARES_KEY)
+        if isinstance(shares, int) and shares >= 0:
+            self.ledger.set_shares(shares)
+        self.coord.restore(rec.kv)
         self.table.load(rec.active)
         requeued = 0
+        S = m.TaskState
         for t in rec.active:
-            S = m.TaskState
-            if t.state in (S.RUNNING, S.MIGRATING, S.TRANSFERRING):
-                if t.spec.no_retry and t.state is not S.TRANSFERRING:
+            guest = t.spec.home != self.node and not t.spec.is_global
+            if guest and t.id not in self.coord.guest.entries:
+                self.table.forget(t.id)  # it moved on while we were down
+                continue
+            if t.node != self.node:
+                continue  # a home record of a task that lives elsewhere
+            if t.state in (S.RUNNING, S.MIGRATING):
+                if t.spec.no_retry and not guest:
                     self.table.change(
                         t.id, S.FAILED, "agent restarted while task was running (--no-retry)"
                     )
                     continue
                 self.table.change(t.id, S.QUEUED, "agent restarted: will run again", node=self.node)
                 requeued += 1
-            if self.table.active[t.id].state is S.QUEUED:
+            t = self.table.active[t.id]
+            if t.state is S.QUEUED and (guest or t.spec.is_global):
+                self.ledger.add(t.spec)
                 self.runner.enqueue(t.id)
         if rec.active:
             self.log.info("agent.recovered", tasks=len(rec.active), requeued=requeued)
@@ -130,6 +217,9 @@ class Agent:
                 "cancel": self.op_cancel,
                 "wait": self.op_wait,
                 "info": self.op_info,
+                "nodes": self.op_nodes,
+                "explain": self.op_explain,
+                "shares": self.op_shares,
             },
             stream={"logs": self.op_logs},
         )
@@ -139,12 +229,51 @@ class Agent:
             return
         raise RequestError("permission_denied", f"task {task.id} belongs to another user")
 
+    async def _find(self, tid: m.TaskId) -> m.Task:
+        """The authoritative record: the home's. Ask the home (or everyone) if not here."""
+        local: m.Task | None
+        try:
+            local = await self.table.get(tid)
+        except UnknownTask:
+            local = None
+        if local is not None and (local.spec.home in ("", self.node) or local.spec.is_global):
+            return local
+        homes = [local.spec.home] if local is not None else []
+        if not homes and self.cluster.membership is not None:
+            homes = [
+                mb.node for mb in self.cluster.membership.alive_members() if mb.node != self.node
+            ]
+        found = await self._ask_records(homes, tid)
+        if found is not None:
+            return found
+        if local is not None:
+            return local
+        raise RequestError("not_found", f"no task {tid}")
+
+    async def _ask_records(self, nodes: list[m.NodeId], tid: m.TaskId) -> m.Task | None:
+        results: list[m.Task] = []
+
+        async def ask(node: m.NodeId) -> None:
+            try:
+                r = await self.cluster.request(node, {"op": "task", "id": tid}, timeout=2.0)
+            except (TransportError, RemoteError):
+                return
+            if r.get("task") is not None:
+                try:
+                    t = codec.task_from_wire(r["task"])
+                except wire.WireError:
+                    return
+                if t.spec.home == node or not results:
+                    results.insert(0 if t.spec.home == node else len(results), t)
+
+        async with trio.open_nursery() as n:
+            for node in nodes[:256]:
+                n.start_soon(ask, node)
+        return results[0] if results else None
+
     async def _task(self, f: wire.Fields) -> m.Task:
         tid = requests.check_task_id(f.str("id", required=True, max_len=64))
-        try:
-            return await self.table.get(tid)
-        except UnknownTask:
-            raise RequestError("not_found", f"no task {tid}") from None
+        return await self._find(tid)
 
     async def op_submit(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         if not self.accepting:
@@ -159,13 +288,15 @@ class Agent:
                     "conflict", f"task id {spec.id} already used for another command"
                 )
             return {"id": spec.id, "duplicate": True}
-        task = m.new_task(spec, wall_now(), self.node)
         try:
-            await self.table.add(task)
+            if spec.is_global:
+                await self.coord.add_global(spec)
+                return {"id": spec.id, "global": True}
+            await self.table.add(m.new_task(spec, wall_now(), self.node))
         except JournalError as e:
             raise RequestError("journal", f"task not accepted: journal write failed: {e}") from None
-        self.runner.enqueue(task.id)
-        return {"id": task.id}
+        self.coord.place_soon(spec.id)
+        return {"id": spec.id}
 
     async def op_status(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self._task(f)
@@ -194,16 +325,50 @@ class Agent:
         t = await self._task(f)
         f.done()
         self._authorize(t, cred)
-        S = m.TaskState
-        if t.state.terminal:
+        if t.state.terminal and not t.spec.is_global:
             raise RequestError("finished", f"task {t.id} already {t.state.value}")
-        if t.state is S.QUEUED:
-            t = await self.table.change_durably(t.id, S.CANCELLED, f"cancelled by uid {cred.uid}")
-        elif t.id in self.runner.running:
-            await self.runner.cancel(t.id)
-            t = await self.table.wait_terminal(t.id)
-        else:
-            t = await self.table.change_durably(t.id, S.CANCELLED, f"cancelled by uid {cred.uid}")
+        t = await self.cancel_task(t, f"cancelled by uid {cred.uid}")
+        return {"task": codec.task_to_wire(t)}
+
+    async def cancel_task(self, t: m.Task, cause: str) -> m.Task:
+        S = m.TaskState
+        if t.spec.is_global:
+            await self.coord.remove_global(t.id)
+            with trio.move_on_after(10):
+                while True:
+                    local = self.table.get_cached(t.id)
+                    if local is None or local.state.terminal:
+                        break
+                    await self.table.wait_change(t.id)
+            return self.table.get_cached(t.id) or t
+        if t.spec.home != self.node:
+            r = await self.cluster.request(t.spec.home, {"op": "cancel", "id": t.id}, timeout=35.0)
+            return codec.task_from_wire(r["task"])
+        if t.node == self.node and t.id in self.runner.running:
+            await self.runner.cancel(t.id, cause)
+            return await self.table.wait_terminal(t.id)
+        if t.node == self.node and t.state is S.QUEUED:
+            try:
+                self.runner.queue.remove(t.id)
+            except ValueError:
+                pass
+            self.ledger.remove(t.id)
+            return await self.table.change_durably(t.id, S.CANCELLED, cause)
+        await self.coord.cancel_remote(t.id)
+        with trio.move_on_after(30):
+            return await self.table.wait_terminal(t.id)
+        return await self.table.get(t.id)
+
+    async def rpc_cancel(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        tid = requests.check_task_id(req.get("id"))
+        try:
+            t = await self.table.get(tid)
+        except UnknownTask:
+            raise RemoteError("not_found", f"no task {tid}") from None
+        if not t.state.terminal:
+            t = await self.cancel_task(t, f"cancelled via {sender}")
         return {"task": codec.task_to_wire(t)}
 
     async def op_wait(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
@@ -213,27 +378,100 @@ class Agent:
         self._authorize(t, cred)
         timed_out = True
         with trio.move_on_after(float("inf") if timeout is None else timeout):
-            t = await self.table.wait_terminal(t.id)
+            if t.spec.home in ("", self.node) or t.spec.is_global:
+                t = await self.table.wait_terminal(t.id)
+            else:
+                while not t.state.terminal:
+                    await trio.sleep(0.5)
+                    t = await self._find(t.id)
             timed_out = False
-        if timed_out:
-            t = await self.table.get(t.id)
         return {"task": codec.task_to_wire(t), "timed_out": timed_out}
 
     async def op_info(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         f.done()
+        ms = self.cluster.membership
         return {
             "node": self.node,
             "version": __version__,
             "pid": os.getpid(),
+            "port": self.cluster.addr[1],
             "slots": self.runner.slots,
+            "shares": self.ledger.shares,
             "running": len(self.runner.running),
             "queued": len(self.runner.queue),
             "tasks": len(self.table.active),
+            "members": 0 if ms is None else ms.num_live,
             "journal_commits": self.journal.commits,
             "journal_ops": self.journal.ops_written,
             "uptime": wall_now() - self.started_at,
             "api": dict(self.api.stats),
+            "coordinator": dict(self.coord.counters),
+            "transfer": _attrs_dict(self.coord.transfer.stats),
+            "transport": dict(self.cluster.transport.counters) if self.cluster.transport else {},
+            "membership": dict(ms.stats) if ms is not None else {},
         }
+
+    async def op_nodes(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        f.done()
+        ms = self.cluster.membership
+        now = trio.current_time()
+        out = []
+        if ms is not None:
+            loads = ms.load_view()
+            for mb in sorted(ms.members(), key=lambda x: x.node):
+                entry = loads.get(mb.node)
+                out.append(
+                    {
+                        **codec.member_to_wire(mb),
+                        "self": mb.node == self.node,
+                        "load": None if entry is None else codec.load_report_to_wire(entry.report),
+                        "load_age": None if entry is None else max(0.0, now - entry.received_at),
+                    }
+                )
+        return {"nodes": out}
+
+    async def op_explain(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        t = await self._task(f)
+        f.done()
+        self._authorize(t, cred)
+        if t.spec.home not in ("", self.node):
+            r = await self.cluster.request(t.spec.home, {"op": "explain", "id": t.id}, timeout=5.0)
+            return {"task": codec.task_to_wire(t), "decisions": r.get("decisions", [])}
+        return {"task": codec.task_to_wire(t), "decisions": self._explain(t.id)}
+
+    def _explain(self, tid: m.TaskId) -> list[dict[str, Any]]:
+        out = list(self.coord.explains.get(tid, []))
+        blocked = self.runner.blocked.get(tid)
+        if blocked:
+            out.append({"at": wall_now(), "outcome": "queued here, not started: " + blocked})
+        return out
+
+    async def rpc_explain(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        tid = requests.check_task_id(req.get("id"))
+        return {"decisions": self._explain(tid)}
+
+    async def op_shares(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        value = f.int("shares", None, lo=0, hi=1 << 31)
+        f.done()
+        if value is not None:
+            if cred.uid != 0 and cred.uid != os.getuid():
+                raise RequestError(
+                    "permission_denied", "only root or the agent's user may change shares"
+                )
+            old = self.ledger.shares
+            await self.journal.commit(
+                [
+                    PutKV(SHARES_KEY, value),
+                    Event(wall_now(), "shares", None, self.node, {"old": old, "new": value}),
+                ]
+            )
+            self.ledger.set_shares(value)
+            self.log.info("agent.shares", old=old, new=value, draining=value == 0)
+            self.coord.publish_load()
+            self.runner.kick()
+        return {"shares": self.ledger.shares, "draining": self.ledger.draining}
 
     async def op_logs(self, f: wire.Fields, cred: PeerCred) -> AsyncIterator[dict[str, Any]]:
         t = await self._task(f)
@@ -244,17 +482,56 @@ class Agent:
         offset = f.int("offset", 0, lo=0)
         f.done()
         self._authorize(t, cred)
-        out, err = self.runner.log_paths(t.id)
-        path = out if which == "stdout" else err
-        async for part in _read_log(path, offset, follow, lambda: self.table.get(t.id), self.table):
+        where = t.node or self.node
+        if where == self.node or t.spec.is_global:
+            out, err = self.runner.log_paths(t.id)
+            path = out if which == "stdout" else err
+
+            async def current() -> m.Task | None:
+                try:
+                    return await self.table.get(t.id)
+                except UnknownTask:
+                    return None
+
+            async for part in read_log(path, offset, follow, current, self.table):
+                yield part
+            return
+        async for part in self._remote_logs(t, where, which, follow, offset):
             yield part
 
+    async def _remote_logs(
+        self, t: m.Task, where: m.NodeId, which: str, follow: bool, offset: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        try:
+            stream = await self.cluster.open_stream(
+                where,
+                {"op": "logs", "id": t.id, "stream": which, "follow": follow, "offset": offset},
+            )
+        except TransportError as e:
+            raise RequestError(
+                "unavailable", f"cannot reach {where} for the logs of {t.id}: {e}"
+            ) from None
+        async with stream:
+            stream.timeout = float("inf")
+            while True:
+                try:
+                    part = await stream.receive(timeout=float("inf") if follow else 30.0)
+                except TransportError as e:
+                    raise RequestError(
+                        "unavailable", f"log stream from {where} broke: {e}"
+                    ) from None
+                if not isinstance(part, dict):
+                    return
+                yield part
+                if not part.get("more"):
+                    return
 
-async def _read_log(
+
+async def read_log(
     path: os.PathLike[str],
     offset: int,
     follow: bool,
-    current: Any,
+    current: Callable[[], Awaitable[m.Task | None]],
     table: TaskTable,
 ) -> AsyncIterator[dict[str, Any]]:
     """Stream a log file from `offset`; with follow, until the task ends and EOF is read."""
@@ -272,8 +549,8 @@ async def _read_log(
             continue
         if not follow:
             break
-        task: m.Task = await current()
-        if task.state.terminal:
+        task = await current()
+        if task is None or task.state.terminal or task.node not in ("", table.node):
             # one last read: output written just before exit
             try:
                 async with await trio.open_file(path, "rb") as fh:
@@ -288,6 +565,12 @@ async def _read_log(
         with trio.move_on_after(0.1):
             await table.wait_change(task.id)
     yield {"more": False, "offset": offset, "eof": True}
+
+
+def _attrs_dict(obj: Any) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(obj) if attrs.has(type(obj)) else {}
 
 
 def _user_name(uid: int) -> str | None:

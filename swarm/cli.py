@@ -149,7 +149,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     from .agent import Agent
 
-    agent = Agent(config)
+    try:
+        agent = Agent(config)
+    except ConfigError as e:
+        raise CliError(f"config error: {e}", EXIT_USAGE) from None
     try:
         trio.run(agent.run)
     except OSError as e:

@@ -361,7 +361,11 @@ def admit(
             f"gpu request core {spec.gpu.core}% does not fit"
             f" (largest free slice {core}%, {mem} bytes)",
         )
-    flex_why = flex_refusal(flex.p, usage, capacity, spec.cpu or 0.0, spec.mem or 0)
+    # Flex guards only what the task declares: a node busy with undeclared work (a
+    # CPU-bound batch node at 100%) keeps taking undeclared tasks, whose effect is
+    # governed by weights and shares instead. Capacity 0 = "not checked".
+    declared = Capacity(cpu=capacity.cpu if spec.cpu else 0.0, mem=capacity.mem if spec.mem else 0)
+    flex_why = flex_refusal(flex.p, usage, declared, spec.cpu or 0.0, spec.mem or 0)
     if flex_why is not None:
         return Admission(False, flex_why)
     return Admission(True, f"admitted (P={flex.p:.2f})")

@@ -73,6 +73,13 @@ class PutTask:
 
 
 @attrs.frozen
+class DelTask:
+    """Forget a task record (a guest that moved on before it ever ran here)."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
 class PutKV:
     key: str
     value: Any  # msgpack-able
@@ -108,7 +115,7 @@ class Event:
     data: Any = None
 
 
-Op = PutTask | PutKV | DelKV | PutProc | DelProc | Event
+Op = PutTask | DelTask | PutKV | DelKV | PutProc | DelProc | Event
 
 
 @attrs.define
@@ -310,6 +317,8 @@ class Journal:
                         ),
                     ),
                 )
+        elif isinstance(op, DelTask):
+            c.execute("DELETE FROM tasks WHERE id=?", (op.task_id,))
         elif isinstance(op, PutKV):
             c.execute(
                 "INSERT INTO kv(key, value) VALUES(?, ?) "
@@ -364,8 +373,8 @@ class Journal:
 
 
 def _retry_key(op: Op) -> str:
-    if isinstance(op, PutTask):
-        return "task:" + op.task.id
+    if isinstance(op, (PutTask, DelTask)):
+        return "task:" + (op.task.id if isinstance(op, PutTask) else op.task_id)
     if isinstance(op, (PutKV, DelKV)):
         return "kv:" + op.key
     if isinstance(op, (PutProc, DelProc)):

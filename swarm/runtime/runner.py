@@ -26,6 +26,10 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Extra hook: the agent may adjust a plan (user switching, cgroups, GPU env).
 PlanHook = Callable[[m.Task, ProcessPlan], ProcessPlan]
+# Why a queued task may not start now (None: start it): shares, handoff, drain.
+StartGate = Callable[[m.Task], "str | None"]
+# Told about runs: started (state RUNNING) and ended (terminal, or QUEUED again).
+RunHook = Callable[[m.Task], None]
 
 
 class LocalRunner:
@@ -40,6 +44,9 @@ class LocalRunner:
         state_dir: Path,
         log: EventLog = NULL_LOG,
         plan_hook: PlanHook | None = None,
+        can_start: StartGate | None = None,
+        on_started: RunHook | None = None,
+        on_finished: RunHook | None = None,
     ) -> None:
         self.table = table
         self.executor = executor
@@ -49,9 +56,13 @@ class LocalRunner:
         self.task_state_root = state_dir / "task-state"
         self.log = log
         self.plan_hook = plan_hook
+        self.can_start = can_start
+        self.on_started = on_started
+        self.on_finished = on_finished
+        self.blocked: dict[m.TaskId, str] = {}  # queued tasks that may not start, and why
         self.queue: deque[m.TaskId] = deque()
         self.running: set[m.TaskId] = set()
-        self.cancel_requested: set[m.TaskId] = set()
+        self.cancel_requested: dict[m.TaskId, str] = {}
         self.stopping = False
         self._kick = trio.Event()
         self._idle = trio.Event()
@@ -90,13 +101,28 @@ class LocalRunner:
                 self._kick = trio.Event()
 
     def _dispatch(self, nursery: trio.Nursery) -> None:
-        while not self.stopping and self.queue and len(self.running) < self.slots:
+        """Start queued tasks in FIFO order while slots are free; a task the gate
+        refuses (reservation, drain, handoff not settled) keeps its place."""
+        if self.stopping or not self.queue or len(self.running) >= self.slots:
+            return
+        keep: deque[m.TaskId] = deque()
+        self.blocked.clear()
+        while self.queue and len(self.running) < self.slots:
             tid = self.queue.popleft()
             t = self.table.active.get(tid)
             if t is None or t.state is not m.TaskState.QUEUED or tid in self.running:
                 continue  # cancelled or moved while waiting
+            if t.node != self.node:
+                continue
+            why = self.can_start(t) if self.can_start is not None else None
+            if why is not None:
+                self.blocked[tid] = why
+                keep.append(tid)
+                continue
             self.running.add(tid)
             nursery.start_soon(self._execute, tid)
+        keep.extend(self.queue)
+        self.queue = keep
 
     def plan(self, task: m.Task) -> ProcessPlan:
         spec = task.spec
@@ -126,6 +152,8 @@ class LocalRunner:
     async def _execute(self, tid: m.TaskId) -> None:
         try:
             task = self.table.change(tid, m.TaskState.RUNNING, "started", node=self.node)
+            if self.on_started is not None:
+                self.on_started(task)
             plan = self.plan(task)
             if self.plan_hook is not None:
                 plan = self.plan_hook(task, plan)
@@ -141,9 +169,14 @@ class LocalRunner:
                 if result.pid is not None:
                     self.table.journal.enqueue([DelProc(tid)])
                 await self._record(tid, result)
+                after = self.table.get_cached(tid)
+                if after is not None and self.on_finished is not None:
+                    self.on_finished(after)
+                if after is not None and after.state is m.TaskState.QUEUED:
+                    self.queue.appendleft(tid)
         finally:
             self.running.discard(tid)
-            self.cancel_requested.discard(tid)
+            self.cancel_requested.pop(tid, None)
             self._kick.set()
             if not self.running:
                 self._idle.set()
@@ -186,12 +219,12 @@ class LocalRunner:
 
     # --------------------------------------------------------------- control
 
-    async def cancel(self, tid: m.TaskId) -> bool:
+    async def cancel(self, tid: m.TaskId, reason: str = "cancelled") -> bool:
         """Terminate a running task of this runner; False if it is not running here."""
         if tid not in self.running:
             return False
-        self.cancel_requested.add(tid)
-        await self.executor.terminate(tid, "cancelled")
+        self.cancel_requested[tid] = reason
+        await self.executor.terminate(tid, reason)
         return True
 
     async def shutdown(self) -> None:

@@ -17,7 +17,7 @@ import trio
 
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
-from .journal import Journal, Op, PutTask
+from .journal import DelTask, Journal, Op, PutTask
 
 # Finished tasks stay in memory for fast status/wait; older ones are read from disk.
 RECENT_FINISHED = 20_000
@@ -92,6 +92,13 @@ class TaskTable:
         self._store(task)
         self.journal.enqueue([PutTask(task)])
         self._wake(task.id)
+
+    def forget(self, task_id: m.TaskId) -> None:
+        """Drop a record entirely (journaled): a guest that left before it ran here."""
+        self.active.pop(task_id, None)
+        self.finished.pop(task_id, None)
+        self.journal.enqueue([DelTask(task_id)])
+        self._wake(task_id)
 
     def _apply(self, task_id: m.TaskId, dst: m.TaskState, cause: str, **kw: Any) -> m.Task:
         old = self.active.get(task_id)

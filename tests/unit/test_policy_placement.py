@@ -273,8 +273,10 @@ def test_admit_rechecks_fresh_state() -> None:
     assert not admit(spec(2, cpu=7.0), led, flex, idle, cap).ok  # 1.5*1 + 7 > 8
     assert admit(spec(3, cpu=6.0), led, flex, idle, cap).ok
     busy = Usage(6.0, GIB)
-    r = admit(spec(4), led, flex, busy, cap)  # 1.5*6 > 8 even with no request
+    r = admit(spec(4, cpu=0.5), led, flex, busy, cap)  # 1.5*6 + 0.5 > 8
     assert not r.ok and r.reason.startswith("cpu")
+    # Flex guards declared resources only: an undeclared task still lands on a busy node
+    assert admit(spec(41), led, flex, busy, cap).ok
     led.add(spec(5, reserve_shares=1000))
     led.start("t5")
     r = admit(spec(6, reserve_shares=100), led, flex, idle, cap)

@@ -1,0 +1,409 @@
+"""Drives the pure membership core over the real transport, with discovery.
+
+The membership core (swarm.cluster.membership) decides; this adapter feeds it
+packets and the clock, sends what it returns, joins seeds and mDNS-discovered peers
+(with backoff), keeps a snapshot of known peers so a restarted agent rejoins without
+discovery, and serves peer RPCs (handoff, probes, logs...) on the same port.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .. import model as m
+from .. import wire
+from ..cluster.membership import (
+    AppMessage,
+    AppState,
+    Event,
+    LoadUpdated,
+    MemberEvent,
+    Membership,
+    MembershipConfig,
+    Outgoing,
+)
+from ..crypto import Keyring, Sealer
+from ..logs import NULL_LOG, EventLog
+from .discovery import (
+    DiscoveredPeer,
+    JoinBackoff,
+    load_peers,
+    open_discovery,
+    parse_seeds,
+    save_peers,
+)
+from .net import (
+    Addr,
+    FaultShim,
+    FramedStream,
+    Transport,
+    TransportConfig,
+    TransportError,
+    open_transport,
+)
+
+RpcHandler = Callable[[dict[str, Any], m.NodeId, FramedStream], Awaitable[dict[str, Any] | None]]
+
+SNAPSHOT_INTERVAL = 30.0
+
+
+class ClusterError(Exception):
+    pass
+
+
+class ClusterNode:
+    def __init__(
+        self,
+        *,
+        node: m.NodeId,
+        cluster: str,
+        bind: str,
+        port: int,
+        advertise: str | None,
+        seeds: list[str],
+        mdns: bool,
+        mdns_interfaces: list[str],
+        keyring: Keyring | None,
+        profile: str,
+        state_dir: Path,
+        faults: str | None = None,
+        log: EventLog = NULL_LOG,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.node = node
+        self.cluster = cluster
+        self.bind = bind
+        self.port = port
+        self.advertise_host = advertise
+        self.seed_addrs = parse_seeds(",".join(seeds)) if seeds else []
+        self.mdns = mdns
+        self.mdns_interfaces = mdns_interfaces
+        self.keyring = keyring
+        self.profile = profile
+        self.snapshot_path = state_dir / "peers.json"
+        self.faults = FaultShim.parse(faults) if faults else None
+        self.log = log
+        self.rng = rng or random.Random()
+        self.transport: Transport | None = None
+        self.membership: Membership | None = None
+        self.rpc: dict[str, RpcHandler] = {}
+        self.on_event: Callable[[Event], None] = lambda ev: None
+        self._wake = trio.Event()
+        self._send_q_send, self._send_q_recv = trio.open_memory_channel[Outgoing](10_000)
+        self.counters: dict[str, int] = {"rpc_in": 0, "rpc_errors": 0, "joins": 0, "discovered": 0}
+        self.joined_event = trio.Event()
+
+    # ------------------------------------------------------------------ run
+
+    def config(self) -> MembershipConfig:
+        return MembershipConfig.local() if self.profile == "local" else MembershipConfig.lan()
+
+    @property
+    def addr(self) -> Addr:
+        assert self.transport is not None
+        return self.transport.advertise
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        sealer = None if self.keyring is None else Sealer(self.keyring, self.cluster)
+        tconf = TransportConfig(
+            cluster=self.cluster,
+            bind_host=self.bind,
+            port=self.port,
+            advertise_host=self.advertise_host,
+        )
+        async with open_transport(
+            tconf, sealer, faults=self.faults, on_packet=self._on_packet, stream_handler=self._serve
+        ) as t:
+            self.transport = t
+            host, port = t.advertise
+            me = m.Member(
+                node=self.node,
+                addr=host,
+                port=port,
+                cluster=self.cluster,
+                incarnation=int(time.time()),
+            )
+            self.membership = Membership(self.config(), me, self.rng, trio.current_time())
+            self.log.info("cluster.listening", addr=f"{host}:{port}", encrypted=sealer is not None)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._tick_loop)
+                nursery.start_soon(self._send_loop)
+                nursery.start_soon(self._join_loop)
+                nursery.start_soon(self._snapshot_loop)
+                if self.mdns:
+                    nursery.start_soon(self._discovery_loop, host, port)
+                task_status.started()
+                await trio.sleep_forever()
+
+    async def leave(self, timeout: float = 2.0) -> None:
+        """Gossip a graceful leave and give it a moment to spread."""
+        ms = self.membership
+        if ms is None:
+            return
+        self._dispatch(ms.leave(trio.current_time()))
+        with trio.move_on_after(timeout):
+            while not ms.leave_complete and ms.num_live > 0:
+                await trio.sleep(0.05)
+        self._save_snapshot()
+
+    # ------------------------------------------------------------ membership
+
+    def _on_packet(self, src: Addr, payload: bytes, reliable: bool) -> None:
+        ms = self.membership
+        if ms is None:
+            return
+        out = ms.receive(src, payload, trio.current_time(), reliable)
+        self._dispatch(out)
+        self._drain_events()
+        self._wake.set()
+
+    def _dispatch(self, out: list[Outgoing]) -> None:
+        for o in out:
+            try:
+                self._send_q_send.send_nowait(o)
+            except trio.WouldBlock:
+                self.counters["send_queue_full"] = self.counters.get("send_queue_full", 0) + 1
+
+    def _drain_events(self) -> None:
+        ms = self.membership
+        if ms is None:
+            return
+        for ev in ms.poll_events():
+            if isinstance(ev, MemberEvent):
+                self.log.info(
+                    "member." + ev.kind.value,
+                    peer=ev.member.node,
+                    addr=f"{ev.member.addr}:{ev.member.port}",
+                    incarnation=ev.member.incarnation,
+                )
+                if not self.joined_event.is_set() and ev.member.node != self.node:
+                    self.joined_event.set()
+            try:
+                self.on_event(ev)
+            except Exception as e:  # a bug in a handler must not stop membership
+                self.log.exception("cluster.event_handler_failed", e)
+
+    async def _tick_loop(self) -> None:
+        ms = self.membership
+        assert ms is not None
+        while True:
+            now = trio.current_time()
+            self._dispatch(ms.tick(now))
+            self._drain_events()
+            delay = max(0.005, min(0.5, ms.next_deadline() - trio.current_time()))
+            with trio.move_on_after(delay):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def _send_loop(self) -> None:
+        t = self.transport
+        assert t is not None
+        async with trio.open_nursery() as nursery:
+            async for o in self._send_q_recv:
+                if o.reliable:
+                    nursery.start_soon(self._send_reliable, o)
+                else:
+                    try:
+                        await t.send_packet(o.dest, o.payload)
+                    except TransportError as e:
+                        self.log.debug(
+                            "cluster.send_failed", dest=f"{o.dest[0]}:{o.dest[1]}", error=str(e)
+                        )
+
+    async def _send_reliable(self, o: Outgoing) -> None:
+        assert self.transport is not None
+        try:
+            await self.transport.send_reliable(o.dest, o.payload, timeout=5.0)
+        except TransportError as e:
+            self.log.debug("cluster.reliable_failed", dest=f"{o.dest[0]}:{o.dest[1]}", error=str(e))
+
+    def set_local_load(self, report: m.LoadReport) -> None:
+        if self.membership is not None:
+            self.membership.set_local_load(report, trio.current_time())
+            self._wake.set()
+
+    def broadcast_app(self, key: str, payload: dict[str, Any]) -> None:
+        if self.membership is not None:
+            self.membership.broadcast_app(key, payload)
+            self._wake.set()
+
+    def set_app_state(self, obj: dict[str, Any] | None) -> None:
+        if self.membership is not None:
+            self.membership.set_app_state(obj)
+
+    # ------------------------------------------------------------- joining
+
+    def _known_addrs(self) -> set[Addr]:
+        ms = self.membership
+        if ms is None:
+            return set()
+        return {(mb.addr, mb.port) for mb in ms.members()}
+
+    def join(self, addrs: list[Addr]) -> None:
+        ms = self.membership
+        if ms is None or not addrs:
+            return
+        self.counters["joins"] += 1
+        self._dispatch(ms.join(addrs, trio.current_time()))
+
+    async def _join_loop(self) -> None:
+        """Join seeds and snapshot peers until someone answers; then keep quiet."""
+        snap, warning = load_peers(self.snapshot_path)
+        if warning:
+            self.log.warning("cluster.snapshot", warning=warning)
+        targets = list(self.seed_addrs) + [(p.addr, p.port) for p in snap if p.node != self.node]
+        if not targets:
+            return
+        backoff = JoinBackoff(self.rng, base=0.5 if self.profile == "local" else 1.0, cap=30.0)
+        while True:
+            ms = self.membership
+            assert ms is not None
+            if ms.num_live > 1:
+                # connected; still make sure every seed is known (partition healing)
+                missing = [a for a in self.seed_addrs if a not in self._known_addrs()]
+                if missing:
+                    self.join(missing)
+                await trio.sleep(30.0)
+                continue
+            self.join(targets)
+            await trio.sleep(backoff.next_delay())
+
+    async def _discovery_loop(self, host: str, port: int) -> None:
+        seen: set[tuple[str, str, int]] = set()
+        try:
+            async with open_discovery(
+                node=self.node,
+                cluster=self.cluster,
+                host=host,
+                port=port,
+                interfaces=self.mdns_interfaces or None,
+            ) as d:
+                async for peer in d.peers:
+                    key = (peer.node, peer.addr, peer.port)
+                    if key in seen and (peer.addr, peer.port) in self._known_addrs():
+                        continue
+                    seen.add(key)
+                    self.counters["discovered"] += 1
+                    self.log.info(
+                        "cluster.discovered", peer=peer.node, addr=f"{peer.addr}:{peer.port}"
+                    )
+                    self.join([(peer.addr, peer.port)])
+        except (OSError, ValueError) as e:
+            self.log.warning("cluster.mdns_unavailable", error=str(e))
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await trio.sleep(SNAPSHOT_INTERVAL if self.profile != "local" else 3.0)
+            self._save_snapshot()
+
+    def _save_snapshot(self) -> None:
+        ms = self.membership
+        if ms is None:
+            return
+        peers = [
+            DiscoveredPeer(mb.node, mb.addr, mb.port, self.cluster)
+            for mb in ms.alive_members()
+            if mb.node != self.node
+        ]
+        try:
+            save_peers(self.snapshot_path, peers)
+        except OSError as e:
+            self.log.warning("cluster.snapshot_failed", error=str(e))
+
+    # ----------------------------------------------------------------- RPC
+
+    def address_of(self, node: m.NodeId) -> Addr | None:
+        ms = self.membership
+        if ms is None:
+            return None
+        mb = ms.member(node)
+        return None if mb is None else (mb.addr, mb.port)
+
+    async def request(
+        self, node: m.NodeId, obj: dict[str, Any], timeout: float = 5.0
+    ) -> dict[str, Any]:
+        """One RPC to a peer by node id. Raises TransportError (unknown node included)."""
+        addr = self.address_of(node)
+        if addr is None or self.transport is None:
+            raise TransportError(f"unknown peer {node}")
+        reply = await self.transport.request(
+            addr, {"v": wire.PROTOCOL_VERSION, "from": self.node, **obj}, timeout
+        )
+        if not isinstance(reply, dict):
+            raise TransportError(f"{node}: malformed reply")
+        if reply.get("error"):
+            raise RemoteError(str(reply.get("error")), str(reply.get("message", "")))
+        return reply
+
+    async def open_stream(
+        self, node: m.NodeId, obj: dict[str, Any], timeout: float = 5.0
+    ) -> FramedStream:
+        addr = self.address_of(node)
+        if addr is None or self.transport is None:
+            raise TransportError(f"unknown peer {node}")
+        s = await self.transport.open_stream(addr, timeout=timeout)
+        await s.send({"v": wire.PROTOCOL_VERSION, "from": self.node, **obj}, timeout=timeout)
+        return s
+
+    async def _serve(self, stream: FramedStream, peer: Addr) -> None:
+        try:
+            req = await stream.receive(timeout=10.0)
+        except TransportError:
+            return
+        self.counters["rpc_in"] += 1
+        try:
+            if not isinstance(req, dict):
+                raise wire.SchemaError("rpc: expected a map")
+            wire.check_version(req, "rpc")
+            op = req.get("op")
+            sender = req.get("from")
+            if not isinstance(op, str) or not isinstance(sender, str):
+                raise wire.SchemaError("rpc: missing op or from")
+            handler = self.rpc.get(op)
+            if handler is None:
+                raise wire.SchemaError(f"rpc: unknown op {op!r}")
+            reply = await handler(req, sender, stream)
+        except wire.WireError as e:
+            self.counters["rpc_errors"] += 1
+            reply = {"error": e.code, "message": str(e)}
+        except RemoteError as e:
+            reply = {"error": e.code, "message": e.message}
+        except TransportError:
+            return
+        except Exception as e:
+            self.counters["rpc_errors"] += 1
+            self.log.exception(
+                "cluster.rpc_failed", e, op=str(req.get("op") if isinstance(req, dict) else "")
+            )
+            reply = {"error": "internal", "message": f"{type(e).__name__}: {e}"}
+        if reply is not None:
+            try:
+                await stream.send(reply, timeout=10.0)
+            except TransportError:
+                pass
+
+
+class RemoteError(Exception):
+    """A peer answered an RPC with an error."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+__all__ = [
+    "AppMessage",
+    "AppState",
+    "ClusterError",
+    "ClusterNode",
+    "LoadUpdated",
+    "MemberEvent",
+    "RemoteError",
+]

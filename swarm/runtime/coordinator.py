@@ -1,0 +1,929 @@
+"""Where tasks live: placement, handoff, transfer and global tasks, on the real node.
+
+This module applies the pure decisions (policy.placement, policy.transfer,
+policy.shares, cluster.handoff) to the node's real state: the task table and its
+journal, the local run queue, the share ledger, and the peers (ClusterNode RPCs).
+Every rule lives in those pure modules; what is here is bookkeeping and ordering:
+decisions are journaled before the messages that depend on them are sent.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import trio
+
+from .. import codec, wire
+from .. import model as m
+from ..cluster import handoff as h
+from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpdated, MemberEvent
+from ..logs import EventLog
+from ..policy import load as loadpol
+from ..policy import placement as pl
+from ..policy import shares as sh
+from ..policy import transfer as tr
+from ..policy.view import LoadView
+from .cluster import ClusterNode, RemoteError
+from .journal import DelKV, Journal, PutKV
+from .net import TransportError
+from .runner import LocalRunner
+from .sampler import HostSample, Sampler
+from .tasks import TaskTable, UnknownTask, wall_now
+
+S = m.TaskState
+GLOBALS_KEY = "globals"
+TOMB_TTL = 600.0  # seconds a guest tombstone is kept
+
+
+class Coordinator:
+    def __init__(
+        self,
+        *,
+        node: m.NodeId,
+        table: TaskTable,
+        journal: Journal,
+        runner: LocalRunner,
+        cluster: ClusterNode | None,
+        ledger: sh.ShareLedger,
+        log: EventLog,
+        placement_d: int = 2,
+        psi_target: float = 50.0,
+        report_interval: float = 1.0,
+        rpc_timeout: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.node = node
+        self.table = table
+        self.journal = journal
+        self.runner = runner
+        self.cluster = cluster
+        self.ledger = ledger
+        self.log = log
+        self.d = placement_d
+        self.rng = rng or random.Random()
+        self.report_interval = report_interval
+        self.rpc_timeout = rpc_timeout
+        self.home = h.HomeSide(node)
+        self.guest = h.GuestSide(node)
+        self.tomb_at: dict[m.TaskId, float] = {}
+        self.view = LoadView()
+        self.sampler = Sampler()
+        self.sample: HostSample = self.sampler.sample()
+        self.flex_cfg = loadpol.FlexConfig(psi_cpu_target=psi_target, psi_mem_target=psi_target)
+        self.flex = loadpol.FlexState.initial(self.flex_cfg)
+        self.peak = loadpol.PeakEstimator()
+        self.transfer = tr.TransferPolicy(node)
+        self.globals = sh.GlobalTasks()
+        self.explains: dict[m.TaskId, list[dict[str, Any]]] = {}
+        self.placing: set[m.TaskId] = set()
+        self.arrived: dict[m.TaskId, float] = {}  # when a queued task arrived here (trio time)
+        self.pending_cancel: set[m.TaskId] = set()
+        self._version = int(time.time() * 1000)
+        self._nursery: trio.Nursery | None = None
+        self._kick_place = trio.Event()
+        self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
+        self._globals_kick = trio.Event()
+        self.counters: dict[str, int] = {
+            "placements": 0,
+            "placed_local": 0,
+            "placed_remote": 0,
+            "offers_refused": 0,
+            "offers_failed": 0,
+            "handoff_rpcs": 0,
+            "handoff_rpc_failures": 0,
+            "transfers_pushed": 0,
+            "transfers_stolen": 0,
+            "requeued_dead": 0,
+            "lost": 0,
+        }
+
+    # ----------------------------------------------------------- persistence
+
+    def restore(self, kv: dict[str, Any]) -> None:
+        now = wall_now()
+        for key, value in kv.items():
+            try:
+                if key.startswith("home:"):
+                    self.home.restore(h.home_entry_from_wire(value))
+                elif key.startswith("guest:"):
+                    self.guest.restore(h.guest_entry_from_wire(value))
+                elif key.startswith("tomb:"):
+                    epoch, at = int(value[0]), float(value[1])
+                    if now - at < TOMB_TTL:
+                        self.guest.tombstones[key[5:]] = epoch
+                        self.tomb_at[key[5:]] = at
+                elif key == GLOBALS_KEY:
+                    self.globals = sh.GlobalTasks.from_wire(value)
+                elif key.startswith("explain:"):
+                    self.explains[key[8:]] = list(value)
+            except (wire.WireError, TypeError, ValueError, IndexError) as e:
+                self.log.error("coordinator.bad_state", key=key, error=str(e))
+
+    def _persist_ops(self, task_ids: Iterable[m.TaskId]) -> list[Any]:
+        ops: list[Any] = []
+        now = wall_now()
+        for tid in set(task_ids):
+            he = self.home.entries.get(tid)
+            if he is not None:
+                ops.append(PutKV("home:" + tid, h.home_entry_to_wire(he)))
+            ge = self.guest.entries.get(tid)
+            if ge is not None:
+                ops.append(PutKV("guest:" + tid, h.guest_entry_to_wire(ge)))
+            else:
+                ops.append(DelKV("guest:" + tid))
+                if tid in self.guest.tombstones:
+                    self.tomb_at.setdefault(tid, now)
+                    ops.append(
+                        PutKV("tomb:" + tid, [self.guest.tombstones[tid], self.tomb_at[tid]])
+                    )
+        return ops
+
+    async def _persist(self, task_ids: Iterable[m.TaskId]) -> None:
+        ops = self._persist_ops(task_ids)
+        if ops:
+            await self.journal.commit(ops, must_land=True)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.cluster is not None:
+                self.cluster.on_event = self.on_event
+                self.cluster.rpc.update(
+                    handoff=self.rpc_handoff,
+                    probe=self.rpc_probe,
+                    steal=self.rpc_steal,
+                    logs=self.rpc_logs,
+                    task=self.rpc_task,
+                )
+            nursery.start_soon(self._report_loop)
+            nursery.start_soon(self._handoff_tick_loop)
+            if self.cluster is not None:
+                nursery.start_soon(self._transfer_loop)
+            nursery.start_soon(self._globals_loop)
+            # resume what the journal says was in flight
+            for t in list(self.table.active.values()):
+                e = self.home.entries.get(t.id)
+                if t.state is S.TRANSFERRING and (e is None or e.phase is h.HomePhase.LOCAL):
+                    why = "offer interrupted by restart"
+                    self.table.change(t.id, S.QUEUED, why, node=self.node)
+            for t in list(self.table.active.values()):
+                mine = t.spec.home == self.node and t.node == self.node and not t.spec.is_global
+                if mine and t.state is S.QUEUED and t.id not in self.ledger:
+                    self.place_soon(t.id)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # ---------------------------------------------------------- local state
+
+    def local_report(self) -> m.LoadReport:
+        snap = self.ledger.snapshot()
+        s = self.sample
+        self._version = max(self._version + 1, int(time.time() * 1000))
+        return m.LoadReport(
+            node=self.node,
+            version=self._version,
+            shares=snap.shares,
+            reserved_shares=snap.reserved_shares,
+            weight_sum=snap.weight_sum,
+            queued=snap.queued,
+            running=snap.running,
+            slots=self.runner.slots,
+            cpu_util=s.cpu_util,
+            load_per_core=s.load_per_core,
+            mem_available=s.mem_available,
+            mem_total=s.mem_total,
+            psi_cpu=s.psi_cpu,
+            psi_mem=s.psi_mem,
+            cpus=s.cpus,
+        )
+
+    def _usage(self) -> tuple[loadpol.Usage, loadpol.Capacity]:
+        s = self.sample
+        return self.peak.estimate, loadpol.Capacity(cpu=s.cpus, mem=s.mem_total)
+
+    async def _report_loop(self) -> None:
+        while True:
+            now = trio.current_time()
+            self.sample = self.sampler.sample()
+            self.peak = self.peak.update(
+                now, loadpol.Usage(cpu=self.sample.cpu_used_cores, mem=self.sample.mem_used)
+            )
+            ok = loadpol.qos_holds(self.sample.psi_cpu, self.sample.psi_mem, self.flex_cfg)
+            self.flex = loadpol.flex_update(self.flex, self.flex_cfg, ok)
+            self.publish_load()
+            await trio.sleep(self.report_interval)
+
+    def publish_load(self) -> None:
+        if self.cluster is not None:
+            self.cluster.set_local_load(self.local_report())
+
+    def queue_view(self) -> list[tr.QueuedTask]:
+        """Queued (not started) tasks in the local run queue, as transfer sees them."""
+        out = []
+        now = trio.current_time()
+        for tid in self.runner.queue:
+            t = self.table.active.get(tid)
+            if t is None or t.state is not S.QUEUED:
+                continue
+            pinned = t.spec.is_global or (t.spec.home != self.node and not self.guest.may_run(tid))
+            out.append(tr.QueuedTask.of(t.spec, self.arrived.get(tid, now), pinned=pinned))
+        return out
+
+    # ----------------------------------------------------------- placement
+
+    def place_soon(self, tid: m.TaskId) -> None:
+        if tid in self.placing or self._nursery is None:
+            return
+        self.placing.add(tid)
+        self._nursery.start_soon(self._place_task, tid)
+
+    def _record_explain(self, tid: m.TaskId, rec: dict[str, Any]) -> None:
+        rec = {"at": wall_now(), **rec}
+        lst = self.explains.setdefault(tid, [])
+        lst.append(rec)
+        del lst[:-20]
+        self.journal.enqueue([PutKV("explain:" + tid, lst)])
+
+    def _enqueue_local(self, task: m.Task, front: bool = False) -> None:
+        if task.id not in self.ledger:
+            self.ledger.add(task.spec)
+        self.arrived.setdefault(task.id, trio.current_time())
+        if front:
+            self.runner.queue.appendleft(task.id)
+            self.runner.kick()
+        else:
+            self.runner.enqueue(task.id)
+
+    async def _place_task(self, tid: m.TaskId) -> None:
+        """Find a home for a queued task whose home is here: two choices, re-check, retry."""
+        retry = pl.PlacementRetry()
+        policy = pl.RetryPolicy(base=0.5, max_backoff=10.0)
+        try:
+            while True:
+                t = self.table.active.get(tid)
+                if (
+                    t is None
+                    or t.state is not S.QUEUED
+                    or t.node != self.node
+                    or tid in self.ledger
+                ):
+                    return
+                now = trio.current_time()
+                if not retry.ready(now):
+                    with trio.move_on_after(retry.not_before - now):
+                        await self._kick_place.wait()
+                    continue
+                local = self.local_report()
+                p = pl.place(
+                    t.spec, local, self.view, self.rng, now, d=self.d, exclude=retry.exclude
+                )
+                self.counters["placements"] += 1
+                rec = p.explain()
+                if p.target is None:
+                    rec["outcome"] = "waiting: " + p.summary
+                    self._record_explain(tid, rec)
+                    retry = retry.on_no_target(now, policy, self.rng)
+                    continue
+                if p.target == self.node:
+                    usage, cap = self._usage()
+                    adm = pl.admit(t.spec, self.ledger, self.flex, usage, cap)
+                    if adm.ok:
+                        rec["outcome"] = "runs here: " + adm.reason
+                        self._record_explain(tid, rec)
+                        self.counters["placed_local"] += 1
+                        self._enqueue_local(t)
+                        return
+                    rec["outcome"] = "refused here: " + adm.reason
+                    self._record_explain(tid, rec)
+                    retry = retry.on_refusal(self.node, now, policy, self.rng)
+                    continue
+                ok, reason = await self.offer_home_task(tid, p.target)
+                rec["outcome"] = f"handed to {p.target}" if ok else f"{p.target} refused: {reason}"
+                self._record_explain(tid, rec)
+                if ok:
+                    self.counters["placed_remote"] += 1
+                    return
+                retry = retry.on_refusal(p.target, trio.current_time(), policy, self.rng)
+        finally:
+            self.placing.discard(tid)
+
+    # -------------------------------------------------------------- handoff
+
+    async def offer_home_task(self, tid: m.TaskId, target: m.NodeId) -> tuple[bool, str]:
+        """Offer a task whose home is here (held here) to `target`; wait for the outcome."""
+        t = self.table.active.get(tid)
+        if t is None or t.state is not S.QUEUED or t.node != self.node:
+            return False, "not queued here"
+        e = self.home.entries.get(tid)
+        if e is not None and e.phase is not h.HomePhase.LOCAL:
+            return False, f"handoff busy ({e.phase.value})"
+        self.table.change(tid, S.TRANSFERRING, f"offering to {target}", node=self.node)
+        outs = self.home.offer(t.spec, target, trio.current_time())
+        done = trio.Event()
+        result: list[tuple[bool, str]] = []
+        self._offer_waiters[tid] = (done, result)
+        await self.apply(outs, tid)
+        await done.wait()
+        return result[0] if result else (False, "no outcome")
+
+    def _offer_outcome(self, tid: m.TaskId, ok: bool, reason: str) -> None:
+        w = self._offer_waiters.pop(tid, None)
+        if w is not None:
+            w[1].append((ok, reason))
+            w[0].set()
+
+    async def apply(self, outs: list[h.Output], *task_ids: m.TaskId) -> None:
+        """Apply handoff outputs: decisions first (journaled), then the sends."""
+        sends: list[h.Send] = []
+        touched: set[m.TaskId] = set(task_ids)
+        for o in outs:
+            if isinstance(o, h.Send):
+                sends.append(o)
+                touched.add(o.request.task_id)
+            else:
+                touched.add(o.task_id)
+                await self._decide(o)
+        await self._persist(touched)
+        for s in sends:
+            self._spawn(self._deliver, s)
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    async def _decide(self, o: h.Output) -> None:
+        if isinstance(o, h.Send):
+            return
+        tid = o.task_id
+        if isinstance(o, h.Committed):
+            await self._on_committed(o)
+        elif isinstance(o, h.OfferFailed):
+            await self._on_offer_failed(o)
+        elif isinstance(o, h.HolderLost):
+            await self._on_holder_lost(o)
+        elif isinstance(o, h.Reported):
+            await self._on_reported(o)
+        elif isinstance(o, h.RunNow):
+            self._on_run_now(tid)
+        elif isinstance(o, h.Drop):
+            await self._on_drop(o)
+        elif isinstance(o, h.Kill):
+            await self._on_kill(tid)
+        elif isinstance(o, h.MoveDone):
+            self.log.info("transfer.move_answer", task=tid, ok=o.ok, reason=o.reason)
+
+    async def _on_committed(self, o: h.Committed) -> None:
+        t = self.table.active.get(o.task_id)
+        if t is None:
+            return
+        if o.node == self.node:
+            # the task came back home
+            if t.state is S.QUEUED:
+                self.table.change(t.id, S.TRANSFERRING, "moving back home", node=t.node)
+            self.table.change(t.id, S.QUEUED, "back home", node=self.node)
+            self._enqueue_local(self.table.active[t.id])
+            return
+        if t.state is S.TRANSFERRING:
+            self.table.change(t.id, S.QUEUED, f"handed off to {o.node}", node=o.node)
+            self.ledger.remove(t.id)
+            self.arrived.pop(t.id, None)
+            self._offer_outcome(t.id, True, "")
+            if t.id in self.pending_cancel:
+                self.pending_cancel.discard(t.id)
+                await self.apply(self.home.cancel(t.id, trio.current_time()), t.id)
+        # else: a fence (same holder, new epoch); nothing changes in the record
+
+    async def _on_offer_failed(self, o: h.OfferFailed) -> None:
+        t = self.table.active.get(o.task_id)
+        self.counters["offers_refused" if o.refused else "offers_failed"] += 1
+        if t is None:
+            return
+        e = self.home.entries.get(o.task_id)
+        where = e.where if e is not None else self.node
+        if t.state is S.TRANSFERRING:
+            self.table.change(t.id, S.QUEUED, f"offer to {o.node} failed: {o.reason}", node=where)
+        if where == self.node:
+            if t.id in self.pending_cancel:
+                self.pending_cancel.discard(t.id)
+                await self.table.change_durably(t.id, S.CANCELLED, "cancelled")
+            elif t.id in self.ledger:  # it was in the local queue (a push): put it back
+                self.runner.queue.appendleft(t.id)
+                self.runner.kick()
+        self._offer_outcome(t.id, False, o.reason)
+
+    async def _on_holder_lost(self, o: h.HolderLost) -> None:
+        t = self.table.active.get(o.task_id)
+        if t is None:
+            return
+        if t.state is S.RUNNING and t.spec.no_retry:
+            self.counters["lost"] += 1
+            await self.table.change_durably(
+                t.id, S.LOST, f"{o.node} died while running it (--no-retry)"
+            )
+            return
+        if t.state in (S.RUNNING, S.MIGRATING):
+            self.table.change(t.id, S.QUEUED, f"{o.node} died: re-queued", node=self.node)
+        elif t.state is S.QUEUED:
+            self.table.change(t.id, S.TRANSFERRING, f"{o.node} died", node=t.node)
+            self.table.change(t.id, S.QUEUED, f"{o.node} died: re-queued", node=self.node)
+        elif t.state is S.TRANSFERRING:
+            self.table.change(t.id, S.QUEUED, f"{o.node} died: re-queued", node=self.node)
+        self.counters["requeued_dead"] += 1
+        self.place_soon(t.id)
+
+    async def _on_reported(self, o: h.Reported) -> None:
+        t = self.table.active.get(o.task_id)
+        if t is None:
+            return
+        r = o.report
+        if t.state in (S.QUEUED, S.TRANSFERRING) and (r.state == "running" or r.final):
+            self.table.change(t.id, S.RUNNING, f"started on {o.node}", node=o.node)
+        if not r.final:
+            return
+        dst = {"succeeded": S.SUCCEEDED, "failed": S.FAILED, "cancelled": S.CANCELLED}[r.state]
+        self.pending_cancel.discard(t.id)
+        await self.table.change_durably(
+            t.id, dst, r.reason or r.state, node=o.node, exit_code=r.exit_code, signal=r.signal
+        )
+
+    def _on_run_now(self, tid: m.TaskId) -> None:
+        e = self.guest.entries.get(tid)
+        if e is None:
+            return
+        t = self.table.active.get(tid)
+        if t is None or t.state is not S.QUEUED:
+            task = m.new_task(e.spec, wall_now(), self.node, cause=f"accepted from {e.home}")
+            self.table.replace(task)
+            t = task
+        if tid not in self.runner.queue and tid not in self.runner.running:
+            self._enqueue_local(t)
+
+    async def _on_drop(self, o: h.Drop) -> None:
+        tid = o.task_id
+        t = self.table.active.get(tid)
+        if tid in self.runner.running:
+            if o.kill:
+                await self.runner.cancel(tid, reason=o.reason)
+            return
+        try:
+            self.runner.queue.remove(tid)
+        except ValueError:
+            pass
+        self.ledger.remove(tid)
+        self.arrived.pop(tid, None)
+        if t is not None and t.spec.home != self.node:
+            self.table.forget(tid)
+
+    async def _on_kill(self, tid: m.TaskId) -> None:
+        if tid in self.runner.running:
+            await self.runner.cancel(tid)
+            return
+        t = self.table.active.get(tid)
+        if t is not None and t.state is S.QUEUED:
+            try:
+                self.runner.queue.remove(tid)
+            except ValueError:
+                pass
+            self.ledger.remove(tid)
+            t = await self.table.change_durably(tid, S.CANCELLED, "cancelled by home")
+            await self.apply(
+                self.guest.finished(
+                    h.Report(tid, 0, "cancelled", reason="cancelled", at=wall_now()),
+                    trio.current_time(),
+                ),
+                tid,
+            )
+
+    async def _deliver(self, s: h.Send) -> None:
+        """Send one handoff request and feed the reply (or its absence) back."""
+        req = s.request
+        reply: h.Reply | None = None
+        self.counters["handoff_rpcs"] += 1
+        if self.cluster is not None:
+            try:
+                raw = await self.cluster.request(
+                    s.dest, {"op": "handoff", "req": h.request_to_wire(req)}, self.rpc_timeout
+                )
+                reply = h.reply_from_wire(raw.get("reply"))
+            except (TransportError, RemoteError, wire.WireError) as e:
+                self.counters["handoff_rpc_failures"] += 1
+                self.log.debug(
+                    "handoff.rpc_failed", dest=s.dest, kind=type(req).__name__, error=str(e)
+                )
+        now = trio.current_time()
+        if isinstance(req, (h.Offer, h.Commit, h.Abort, h.Revoke, h.Cancel)):
+            outs = self.home.on_reply(s.dest, req, reply, now)
+        else:
+            outs = self.guest.on_reply(s.dest, req, reply, now)
+        await self.apply(outs, req.task_id)
+
+    async def _handoff_tick_loop(self) -> None:
+        while True:
+            await trio.sleep(0.2)
+            now = trio.current_time()
+            outs = self.home.tick(now) + self.guest.tick(now)
+            if outs:
+                await self.apply(outs)
+            # forget tombstones after a while
+            cutoff = wall_now() - TOMB_TTL
+            for tid in [t for t, at in self.tomb_at.items() if at < cutoff]:
+                self.tomb_at.pop(tid, None)
+                self.guest.tombstones.pop(tid, None)
+                self.journal.enqueue([DelKV("tomb:" + tid)])
+
+    # ----------------------------------------------------------- RPC: handoff
+
+    async def rpc_handoff(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        r = h.request_from_wire(req.get("req"))
+        now = trio.current_time()
+        outs: list[h.Output] = []
+        if isinstance(r, h.Offer):
+            refusal = self._admission_refusal(r.spec)
+            reply, entry = self.guest.on_offer(sender, r, now, refusal)
+            if entry is not None:
+                if r.task_id not in self.ledger:
+                    self.ledger.add(r.spec)
+                await self._persist([r.task_id])  # journaled before we say yes
+            elif not reply.ok:
+                self.log.info("handoff.refused", task=r.task_id, home=sender, reason=reply.reason)
+            return {"reply": h.reply_to_wire(reply)}
+        if isinstance(r, h.Commit):
+            reply, outs = self.guest.on_commit(r, now)
+        elif isinstance(r, h.Abort):
+            reply, outs = self.guest.on_abort(r)
+        elif isinstance(r, h.Revoke):
+            reply, outs = self.guest.on_revoke(r)
+        elif isinstance(r, h.Cancel):
+            reply, outs = self.guest.on_cancel(r)
+        elif isinstance(r, h.Query):
+            reply, outs = self.home.on_query(sender, r)
+        elif isinstance(r, h.MoveRequest):
+            reply, outs = self.home.on_move_request(sender, r, now)
+            t = self.table.active.get(r.task_id)
+            if reply.ok and t is not None and t.state is S.QUEUED and r.target != self.node:
+                self.table.change(
+                    t.id, S.TRANSFERRING, f"moving from {sender} to {r.target}", node=sender
+                )
+        elif isinstance(r, h.Report):
+            reply, outs = self.home.on_report(sender, r)
+        else:  # pragma: no cover - request_from_wire returns only the types above
+            raise wire.SchemaError("unexpected handoff request")
+        await self.apply(outs, r.task_id)
+        return {"reply": h.reply_to_wire(reply)}
+
+    def _admission_refusal(self, spec: m.TaskSpec) -> str | None:
+        if spec.id in self.ledger:
+            return None
+        usage, cap = self._usage()
+        adm = pl.admit(spec, self.ledger, self.flex, usage, cap)
+        return None if adm.ok else adm.reason
+
+    # ------------------------------------------------------- runner hooks
+
+    def can_start(self, task: m.Task) -> str | None:
+        """Why a queued local task must not start now (None: go)."""
+        if (
+            task.spec.home != self.node
+            and not task.spec.is_global
+            and not self.guest.may_run(task.id)
+        ):
+            return "handoff not settled"
+        if task.id not in self.ledger:
+            self.ledger.add(task.spec)
+        return self.ledger.refuse_start(task.id)
+
+    def on_started(self, task: m.Task) -> None:
+        if task.id in self.ledger:
+            try:
+                self.ledger.start(task.id)
+            except sh.LedgerError as e:
+                self.log.warning("ledger.start", task=task.id, error=str(e))
+        self.arrived.pop(task.id, None)
+        if task.spec.home != self.node and not task.spec.is_global:
+            self._spawn(self._apply_now, self.guest.started(task.id, trio.current_time()), task.id)
+
+    def on_finished(self, task: m.Task) -> None:
+        """A local run ended: terminal, or back to the queue (shutdown)."""
+        if task.state is S.QUEUED:
+            if (
+                task.id in self.ledger
+                and (lt := self.ledger.get(task.id)) is not None
+                and lt.running
+            ):
+                self.ledger.stop(task.id)
+            self.guest.requeued(task.id)
+            return
+        self.ledger.remove(task.id)
+        if task.spec.home != self.node and not task.spec.is_global:
+            rep = h.Report(
+                task.id,
+                0,
+                task.state.value,
+                exit_code=task.exit_code,
+                signal=task.signal,
+                reason=task.reason,
+                at=wall_now(),
+            )
+            self._spawn(self._apply_now, self.guest.finished(rep, trio.current_time()), task.id)
+
+    async def _apply_now(self, outs: list[h.Output], tid: m.TaskId) -> None:
+        await self.apply(outs, tid)
+
+    # ------------------------------------------------------------- cancel
+
+    async def cancel_remote(self, tid: m.TaskId) -> None:
+        """Cancel a task whose home is here and which lives elsewhere (or is in flight)."""
+        e = self.home.entries.get(tid)
+        t = self.table.active.get(tid)
+        if t is None:
+            return
+        if e is not None and e.phase is h.HomePhase.OFFERING:
+            self.pending_cancel.add(tid)
+            return
+        await self.apply(self.home.cancel(tid, trio.current_time()), tid)
+
+    # ------------------------------------------------------------ membership
+
+    def on_event(self, ev: Event) -> None:
+        if isinstance(ev, LoadUpdated):
+            if ev.report.node != self.node:
+                self.view.upsert(ev.report, ev.at)
+                self._kick_place.set()
+                self._kick_place = trio.Event()
+        elif isinstance(ev, MemberEvent):
+            node = ev.member.node
+            if node == self.node:
+                return
+            if ev.kind in (EventKind.DEAD, EventKind.LEFT):
+                self.view.remove(node)
+                outs = self.home.on_node_dead(node, trio.current_time())
+                if outs:
+                    self.log.info("handoff.node_dead", peer=node, tasks=len(outs))
+                    self._spawn(self._apply_now, outs, "")
+            elif ev.kind is EventKind.JOINED:
+                self._kick_place.set()
+                self._kick_place = trio.Event()
+        elif isinstance(ev, AppMessage) and ev.key == GLOBALS_KEY:
+            self._merge_globals(ev.payload)
+        elif isinstance(ev, AppState):
+            g = ev.state.get(GLOBALS_KEY) if isinstance(ev.state, dict) else None
+            if g is not None:
+                self._merge_globals(g)
+
+    # --------------------------------------------------------------- transfer
+
+    async def _transfer_loop(self) -> None:
+        while True:
+            await trio.sleep(self.transfer.cfg.round_interval / 2)
+            if self.cluster is None:
+                continue
+            now = trio.current_time()
+            actions = self.transfer.step(
+                now, self.local_report(), self.queue_view(), self.view, self.rng
+            )
+            for a in actions:
+                self._spawn(self._transfer_action, a)
+
+    async def _transfer_action(self, a: tr.Action) -> None:
+        assert self.cluster is not None
+        if isinstance(a, tr.ProbeFor):
+            try:
+                raw = await self.cluster.request(
+                    a.peer,
+                    {"op": "probe", "req": _probe_to_wire(a.request)},
+                    self.transfer.cfg.probe_timeout * 2,
+                )
+                reply = _probe_reply_from_wire(raw.get("reply"))
+            except (TransportError, RemoteError, wire.WireError):
+                return
+            more = self.transfer.on_probe_reply(
+                trio.current_time(), reply, self.local_report(), self.queue_view()
+            )
+            for b in more:
+                await self._transfer_action(b)
+        elif isinstance(a, tr.PushTask):
+            await self.push(a.task_id, a.peer)
+        elif isinstance(a, tr.StealFrom):
+            try:
+                await self.cluster.request(
+                    a.peer, {"op": "steal", "req": _probe_to_wire(a.request)}, self.rpc_timeout
+                )
+            except (TransportError, RemoteError, wire.WireError):
+                return
+
+    async def push(self, tid: m.TaskId, peer: m.NodeId) -> bool:
+        """Move a queued, not started task of the local run queue to `peer`."""
+        t = self.table.active.get(tid)
+        if t is None or t.state is not S.QUEUED or tid in self.runner.running:
+            return False
+        try:
+            self.runner.queue.remove(tid)
+        except ValueError:
+            return False
+        self.counters["transfers_pushed"] += 1
+        self.log.info("transfer.push", task=tid, to=peer)
+        if t.spec.home == self.node:
+            ok, _ = await self.offer_home_task(tid, peer)
+            return ok
+        outs = self.guest.request_move(tid, peer, trio.current_time())
+        if not outs:
+            self.runner.queue.appendleft(tid)
+            return False
+        await self.apply(outs, tid)
+        return True
+
+    async def rpc_probe(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
+        request = _probe_from_wire(req.get("req"))
+        reply = self.transfer.on_probe(
+            trio.current_time(), request, self.local_report(), self.queue_view()
+        )
+        return {"reply": _probe_reply_to_wire(reply)}
+
+    async def rpc_steal(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
+        request = _probe_from_wire(req.get("req"))
+        tid = self.transfer.on_steal(
+            trio.current_time(), request, self.local_report(), self.queue_view()
+        )
+        if tid is None:
+            return {"task": None}
+        self.counters["transfers_stolen"] += 1
+        self._spawn(self.push, tid, request.origin)
+        return {"task": tid}
+
+    # ------------------------------------------------------------ global tasks
+
+    async def add_global(self, spec: m.TaskSpec) -> None:
+        """Journaled (the caller acknowledges after this), then gossiped."""
+        new = self.globals.add(spec)
+        await self.journal.commit([PutKV(GLOBALS_KEY, new.to_wire())])
+        self.globals = new
+        self._globals_changed()
+
+    async def remove_global(self, tid: m.TaskId) -> None:
+        new = self.globals.remove(tid)
+        await self.journal.commit([PutKV(GLOBALS_KEY, new.to_wire())])
+        self.globals = new
+        self._globals_changed()
+
+    def _globals_changed(self) -> None:
+        wire_form = self.globals.to_wire()
+        if self.cluster is not None:
+            try:
+                self.cluster.broadcast_app(GLOBALS_KEY, wire_form)
+            except ValueError as e:
+                self.log.warning("globals.too_large_for_gossip", error=str(e))
+            self.cluster.set_app_state({GLOBALS_KEY: wire_form})
+        self._globals_kick.set()
+
+    def _merge_globals(self, obj: Any) -> None:
+        try:
+            other = sh.GlobalTasks.from_wire(obj)
+        except wire.WireError as e:
+            self.log.warning("globals.bad_gossip", error=str(e))
+            return
+        merged = self.globals.merge(other)
+        if merged != self.globals:
+            self.globals = merged
+            self.journal.enqueue([PutKV(GLOBALS_KEY, merged.to_wire())])
+            if self.cluster is not None:
+                self.cluster.set_app_state({GLOBALS_KEY: merged.to_wire()})
+            self._globals_kick.set()
+
+    async def _globals_loop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.set_app_state({GLOBALS_KEY: self.globals.to_wire()})
+        while True:
+            with trio.move_on_after(1.0):
+                await self._globals_kick.wait()
+            self._globals_kick = trio.Event()
+            await self._sync_globals()
+
+    async def _sync_globals(self) -> None:
+        active = {t.id for t in self.table.active.values() if t.spec.is_global}
+        finished = {t.id for t in self.table.finished.values() if t.spec.is_global}
+        for tid in self.globals.members:
+            if tid not in active and tid not in finished:
+                cached = self.table.get_cached(tid)
+                if cached is None:
+                    try:
+                        old = await self.table.journal.get_task(tid)
+                    except Exception:
+                        old = None
+                    if old is not None and old.state.terminal:
+                        finished.add(tid)
+        has_shares = sh.cluster_has_shares(self.local_report(), self.view)
+        delta = sh.global_delta(self.globals, active, finished, has_shares=has_shares)
+        for spec in delta.start:
+            task = m.new_task(spec, wall_now(), self.node, cause="global task")
+            try:
+                await self.table.add(task)
+            except Exception as e:
+                self.log.error("globals.journal_failed", task=spec.id, error=str(e))
+                continue
+            self._enqueue_local(task)
+        for tid in delta.stop:
+            t = self.table.active.get(tid)
+            if t is None:
+                continue
+            if tid in self.runner.running:
+                await self.runner.cancel(tid)
+            elif t.state is S.QUEUED:
+                try:
+                    self.runner.queue.remove(tid)
+                except ValueError:
+                    pass
+                self.ledger.remove(tid)
+                await self.table.change_durably(tid, S.CANCELLED, "global task cancelled")
+
+    # ------------------------------------------------------------ RPC: misc
+
+    async def rpc_task(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
+        """Look up a task record here (for `swarm status` from another agent)."""
+        tid = req.get("id")
+        if not isinstance(tid, str):
+            raise wire.SchemaError("task: missing id")
+        try:
+            t = await self.table.get(tid)
+        except UnknownTask:
+            return {"task": None}
+        return {"task": codec.task_to_wire(t)}
+
+    async def rpc_logs(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> None:
+        """Stream a local task's log to a peer (the task's home proxies it to its client)."""
+        f = wire.Fields(req, "logs rpc", ignore=("v", "op", "from"))
+        tid = f.str("id", required=True, max_len=64)
+        which = f.str("stream", "stdout")
+        follow = f.bool("follow", False)
+        offset = f.int("offset", 0, lo=0)
+        f.done()
+        out, err = self.runner.log_paths(tid)
+        path = out if which == "stdout" else err
+        from ..agent import read_log  # local import: agent imports this module
+
+        async def current() -> m.Task | None:
+            try:
+                return await self.table.get(tid)
+            except UnknownTask:
+                return None
+
+        stream.timeout = math.inf
+        async for part in read_log(path, offset, follow, current, self.table):
+            await stream.send(part, timeout=30.0)
+        return None
+
+
+# --------------------------------------------------------- probe wire forms
+
+
+def _probe_to_wire(r: tr.ProbeRequest) -> dict[str, Any]:
+    return {
+        "round": r.round,
+        "kind": r.kind,
+        "report": codec.load_report_to_wire(r.report),
+        "task_id": r.task_id,
+        "needs": None if r.needs is None else tr.needs_to_wire(r.needs),
+    }
+
+
+def _probe_from_wire(obj: Any) -> tr.ProbeRequest:
+    f = wire.Fields(obj, "probe")
+    r = tr.ProbeRequest(
+        round=f.int("round", required=True, lo=0),
+        kind=f.str("kind", required=True, max_len=8),
+        report=wire.decode_with(codec.load_report_from_wire, f.map("report", required=True)),
+        task_id=f.str("task_id", "", max_len=64),
+        needs=f.nested("needs", tr.needs_from_wire),
+    )
+    f.done()
+    return r
+
+
+def _probe_reply_to_wire(r: tr.ProbeReply) -> dict[str, Any]:
+    return attrs.asdict(r)
+
+
+def _probe_reply_from_wire(obj: Any) -> tr.ProbeReply:
+    f = wire.Fields(obj, "probe reply")
+    r = tr.ProbeReply(
+        round=f.int("round", required=True, lo=0),
+        kind=f.str("kind", required=True, max_len=8),
+        peer=f.str("peer", required=True, max_len=256),
+        ok=f.bool("ok", required=True),
+        reason=f.str("reason", "", max_len=4096),
+        load=f.float("load", 0.0) if not _is_inf(obj, "load") else math.inf,
+    )
+    f.done()
+    return r
+
+
+def _is_inf(obj: Any, key: str) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get(key), float) and math.isinf(obj[key])
