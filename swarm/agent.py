@@ -31,6 +31,7 @@ from .runtime.tasks import TaskTable, UnknownTask, wall_now
 
 LOG_CHUNK = 64 * 1024
 SHARES_KEY = "shares"
+UNDRAIN_KEY = "undrain_shares"
 
 
 def load_keyring(config: Config) -> Keyring | None:
@@ -115,6 +116,7 @@ class Agent:
         self.cluster.rpc.update(cancel=self.rpc_cancel, explain=self.rpc_explain)
         self.api = ApiServer(config.socket, self._ops(), group=config.socket_group, log=self.log)
         self.started_at = wall_now()
+        self._kv_undrain = 0  # shares to restore on undrain
         self.accepting = False
         self._stop = trio.Event()
 
@@ -180,6 +182,9 @@ class Agent:
         shares = rec.kv.get(SHARES_KEY)
         if isinstance(shares, int) and shares >= 0:
             self.ledger.set_shares(shares)
+        undrain = rec.kv.get(UNDRAIN_KEY)
+        if isinstance(undrain, int) and undrain > 0:
+            self._kv_undrain = undrain
         self.coord.restore(rec.kv)
         self.table.load(rec.active)
         requeued = 0
@@ -454,19 +459,34 @@ class Agent:
 
     async def op_shares(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         value = f.int("shares", None, lo=0, hi=1 << 31)
+        drain = f.bool("drain", False)
+        undrain = f.bool("undrain", False)
         f.done()
+        if drain and (undrain or value is not None):
+            raise wire.SchemaError("shares: drain takes no other field")
+        old = self.ledger.shares
+        extra: list[Any] = []
+        if drain:
+            value = 0
+            if old > 0:
+                extra.append(PutKV(UNDRAIN_KEY, old))
+        elif undrain and value is None:
+            saved = self._kv_undrain if self._kv_undrain else self.config.shares
+            value = saved if saved > 0 else 1024
         if value is not None:
             if cred.uid != 0 and cred.uid != os.getuid():
                 raise RequestError(
                     "permission_denied", "only root or the agent's user may change shares"
                 )
-            old = self.ledger.shares
             await self.journal.commit(
                 [
                     PutKV(SHARES_KEY, value),
+                    *extra,
                     Event(wall_now(), "shares", None, self.node, {"old": old, "new": value}),
                 ]
             )
+            if drain and old > 0:
+                self._kv_undrain = old
             self.ledger.set_shares(value)
             self.log.info("agent.shares", old=old, new=value, draining=value == 0)
             self.coord.publish_load()

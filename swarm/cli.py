@@ -342,10 +342,138 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return worst
 
 
+def cmd_nodes(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        nodes = c.call("nodes")["nodes"]
+    if args.json:
+        print(json.dumps(nodes))
+        return EXIT_OK
+    rows = []
+    for n in nodes:
+        ld = n.get("load") or {}
+        shares = ld.get("shares")
+        load = "-"
+        if ld:
+            cap = (ld.get("shares") or 0) - (ld.get("reserved_shares") or 0)
+            load = f"{1024 * ld['weight_sum'] / cap:.2f}" if cap > 0 else "drained"
+        gpus = ld.get("gpus") or []
+        rows.append(
+            [
+                n["node"] + (" *" if n.get("self") else ""),
+                f"{n['addr']}:{n['port']}",
+                n["state"],
+                str(n["incarnation"]),
+                "-" if shares is None else str(shares),
+                load,
+                "-" if not ld else f"{ld.get('running', 0)}/{ld.get('slots', 0)}",
+                "-" if not ld else str(ld.get("queued", 0)),
+                "-" if not ld else f"{100 * ld.get('cpu_util', 0):.0f}%",
+                "-" if not ld else _fmt_bytes(ld.get("mem_available", 0)),
+                "-" if not gpus else f"{sum(g[1] for g in gpus)}/{100 * len(gpus)}%",
+                "-" if not ld else ld.get("isolation", "none"),
+                "-" if n.get("load_age") is None else _fmt_age(n["load_age"]),
+            ]
+        )
+    headers = [
+        "NODE",
+        "ADDRESS",
+        "STATE",
+        "INC",
+        "SHARES",
+        "LOAD",
+        "RUN",
+        "QUEUE",
+        "CPU",
+        "MEM FREE",
+        "GPU FREE",
+        "ISOLATION",
+        "REPORT AGE",
+    ]
+    print(_table(rows, headers))
+    return EXIT_OK
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(n) < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        r = c.call("explain", id=args.id)
+    if args.json:
+        print(json.dumps(r))
+        return EXIT_OK
+    t = r["task"]
+    print(f"{t['spec']['id']}: {t['state']} on {t.get('node') or '-'}")
+    if not r["decisions"]:
+        print("  no placement decisions recorded here")
+    for d in r["decisions"]:
+        at = time.strftime("%H:%M:%S", time.localtime(d.get("at", 0)))
+        print(f"- {at} {d.get('outcome', '')}")
+        if d.get("summary"):
+            print(f"    {d['summary']}")
+        for cand in d.get("candidates", []):
+            score = cand.get("score")
+            why = cand.get("why_not") or ""
+            age = cand.get("age")
+            print(
+                f"    {cand['node']:<16} load {cand.get('load')!s:<10} "
+                f"age {'-' if age is None else f'{float(age):.1f}s':<7} "
+                f"score {'-' if score is None else score!s:<12} {why}"
+            )
+    return EXIT_OK
+
+
+def cmd_shares(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        r = c.call("shares", shares=args.shares)
+    state = " (draining)" if r["draining"] else ""
+    print(f"shares {r['shares']}{state}")
+    return EXIT_OK
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        r = c.call("shares", drain=True)
+    print(f"drained (shares {r['shares']}); running tasks finish, no new work starts here")
+    return EXIT_OK
+
+
+def cmd_undrain(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        r = c.call("shares", undrain=True, shares=args.shares)
+    print(f"undrained (shares {r['shares']})")
+    return EXIT_OK
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from .crypto import keygen_file_text
+
+    sys.stdout.write(keygen_file_text())
+    return EXIT_OK
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     with _client(args) as c:
         print(json.dumps(c.info(), indent=2))
     return EXIT_OK
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from .sim.cmd import run_command  # the simulator (and matplotlib) load only here
+
+    return run_command(
+        args.experiment,
+        nodes=args.nodes,
+        seed=args.seed,
+        tasks=args.tasks,
+        out=args.out,
+        doc=args.doc,
+    )
 
 
 # ------------------------------------------------------------------ parser
@@ -445,7 +573,35 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--timeout", type=float, help="give up after SECONDS (exit 1)")
     w.add_argument("--json", action="store_true")
 
+    nd = add("nodes", cmd_nodes, "list cluster members with their load")
+    nd.add_argument("--json", action="store_true")
+
+    ex = add("explain", cmd_explain, "why a task went where it went")
+    ex.add_argument("id")
+    ex.add_argument("--json", action="store_true")
+
+    sh = add("shares", cmd_shares, "show or set this node's shares (0 = drain)")
+    sh.add_argument("shares", nargs="?", type=int, help="new share count")
+
+    add("drain", cmd_drain, "stop new work on this node (shares 0)")
+    ud = add("undrain", cmd_undrain, "accept work again (the shares it had before drain)")
+    ud.add_argument("--shares", type=int, help="set these shares instead")
+
+    add("keygen", cmd_keygen, "print a new cluster key file (first key encrypts, all decrypt)")
+
     add("info", cmd_info, "show the local agent's status")
+
+    sm = add(
+        "sim",
+        cmd_sim,
+        "run a simulator experiment: balls, staleness, load, transfer, shares, flex or all",
+    )
+    sm.add_argument("experiment", metavar="NAME")
+    sm.add_argument("--nodes", type=int, help="cluster size (each experiment has a default)")
+    sm.add_argument("--seed", type=int, default=1)
+    sm.add_argument("--tasks", type=int, help="tasks per run (each experiment has a default)")
+    sm.add_argument("--out", default="sim-out", help="directory for CSV, PNG and markdown")
+    sm.add_argument("--doc", help="with 'all': also write this markdown page")
     return p
 
 

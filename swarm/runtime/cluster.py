@@ -136,6 +136,7 @@ class ClusterNode:
                 nursery.start_soon(self._send_loop)
                 nursery.start_soon(self._join_loop)
                 nursery.start_soon(self._snapshot_loop)
+                nursery.start_soon(self._drop_monitor)
                 if self.mdns:
                     nursery.start_soon(self._discovery_loop, host, port)
                 task_status.started()
@@ -296,6 +297,35 @@ class ClusterNode:
                     self.join([(peer.addr, peer.port)])
         except (OSError, ValueError) as e:
             self.log.warning("cluster.mdns_unavailable", error=str(e))
+
+    async def _drop_monitor(self) -> None:
+        """Say (once per interval, not per packet) when peers' packets are refused, and
+        why: the operator's first clue to a wrong key or a foreign cluster."""
+        hints = {
+            "decrypt": "wrong cluster key, or a node of another cluster",
+            "other_cluster": "a node of another cluster",
+            "mode": "an insecure node talking to secure ones (or the reverse)",
+            "replay": "replayed or duplicated packets",
+            "stale": "clock skew or replayed packets",
+        }
+        seen: dict[str, int] = {}
+        while True:
+            await trio.sleep(5.0 if self.profile != "local" else 1.0)
+            t = self.transport
+            if t is None:
+                continue
+            for reason, hint in hints.items():
+                n = t.counters.get("dropped_" + reason, 0)
+                if n > seen.get(reason, 0):
+                    src = t.last_drop.get(reason)
+                    self.log.warning(
+                        "cluster.packets_refused",
+                        reason=reason,
+                        count=n - seen.get(reason, 0),
+                        last_from="-" if src is None else f"{src[0]}:{src[1]}",
+                        hint=hint,
+                    )
+                    seen[reason] = n
 
     async def _snapshot_loop(self) -> None:
         while True:

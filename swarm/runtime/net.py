@@ -406,6 +406,7 @@ class FramedStream:
         c = self._t.counters
         if reason is not None:
             c[f"dropped_{reason}"] += 1
+            self._t.last_drop[reason] = self.peer
         c["tcp_conn_errors"] += 1
         await self.aclose()
         return TransportError(f"{self.peer[0]}:{self.peer[1]}: {message}")
@@ -552,6 +553,7 @@ class Transport:
         self.sealer = sealer
         self.codec = _Codec(config.cluster, sealer, wall_clock)
         self.counters = new_counters()
+        self.last_drop: dict[str, Addr] = {}  # reason -> where the latest such drop came from
         self.faults = faults
         self.on_packet = on_packet
         self._stream_handler = stream_handler
@@ -654,6 +656,7 @@ class Transport:
                 payload, _ = self.codec.unwrap(data)
             except _Drop as e:
                 c[f"dropped_{e.reason}"] += 1
+                self.last_drop[e.reason] = (src[0], src[1])
                 continue
             self._deliver((src[0], src[1]), payload, False)
 
