@@ -89,7 +89,9 @@ def keyfile(tmp: Path, name: str) -> Path:
     return p
 
 
-def test_a_node_with_the_wrong_key_is_never_admitted(make_agent: AgentFactory, short_tmp: Path) -> None:
+def test_a_node_with_the_wrong_key_is_never_admitted(
+    make_agent: AgentFactory, short_tmp: Path
+) -> None:
     good = keyfile(short_tmp, "good.key")
     bad = keyfile(short_tmp, "bad.key")
     secure = ["--no-insecure", "--keyring", str(good), *LOOP]
