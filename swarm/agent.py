@@ -20,6 +20,7 @@ from .config import Config, ConfigError
 from .crypto import Keyring, KeyringError
 from .logs import EventLog
 from .policy import shares as sh
+from .policy import transfer as tr
 from .runtime.api import ApiServer, Ops, PeerCred, RequestError
 from .runtime.cluster import ClusterNode, RemoteError
 from .runtime.coordinator import Coordinator
@@ -50,6 +51,15 @@ def load_keyring(config: Config) -> Keyring | None:
         raise ConfigError("keyring", str(e)) from None
     except OSError as e:
         raise ConfigError("keyring", f"cannot read {config.keyring}: {e.strerror}") from None
+
+
+def transfer_config(profile: str) -> tr.TransferConfig:
+    """Transfer timers per profile: loopback clusters and tests move faster."""
+    if profile == "local":
+        return tr.TransferConfig(
+            round_interval=0.5, probe_timeout=0.3, task_cooldown=1.0, switch_cooldown=2.0
+        )
+    return tr.TransferConfig(task_cooldown=10.0)
 
 
 class Agent:
@@ -108,6 +118,7 @@ class Agent:
             psi_target=config.qos_psi_target,
             report_interval=config.report_interval,
             rpc_timeout=2.0 if config.profile == "local" else 5.0,
+            transfer_config=transfer_config(config.profile),
             rng=self.rng,
         )
         self.runner.can_start = self.coord.can_start

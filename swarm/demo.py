@@ -1,9 +1,10 @@
 """`make demo`: a local swarm on loopback takes a workload and shows where it went.
 
-Starts agents in a temporary directory (real processes, real sockets, real journals),
-submits a mixed workload at one of them through the client library, prints a table of
-tasks and load per node over time next to the share-weighted ideal, writes a PNG
-plot when matplotlib is available, and shuts everything down.
+Starts five agents in a temporary directory (real processes, real sockets, real
+journals; shares 2048, 1024, 1024, 512 and 512), submits a few hundred tasks of mixed
+length at ONE of them, and shows how the work spread over the cluster next to the
+share-weighted ideal: a table of tasks per node, a timeline of queued+running tasks
+per node, and a PNG plot. Then it shuts everything down.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+from .client import Client
 from .localcluster import LocalAgent
 
 DEMO_ARGS = [
     "--insecure",
     "--no-mdns",
+    "--bind",
+    "127.0.0.1",
     "--port",
     "0",
     "--profile",
@@ -28,112 +33,206 @@ DEMO_ARGS = [
     "--log-level",
     "warning",
 ]
+SHARES = [2048, 1024, 1024, 512, 512]
 
 
 def workload(n: int, rng: random.Random) -> list[tuple[str, list[str]]]:
-    """A mixed bag: many short tasks, some medium, a few long, one that fails."""
+    """Mixed lengths: most tasks short, some medium, a few long; one fails on purpose."""
     tasks: list[tuple[str, list[str]]] = []
     for i in range(n):
         r = rng.random()
         if r < 0.6:
-            tasks.append((f"short-{i}", ["sleep", f"{rng.uniform(0.05, 0.3):.2f}"]))
+            tasks.append((f"short-{i}", ["sleep", f"{rng.uniform(0.2, 0.8):.2f}"]))
         elif r < 0.9:
-            tasks.append((f"medium-{i}", ["sleep", f"{rng.uniform(0.5, 1.5):.2f}"]))
+            tasks.append((f"medium-{i}", ["sleep", f"{rng.uniform(1.0, 2.5):.2f}"]))
         else:
-            tasks.append((f"long-{i}", ["sleep", f"{rng.uniform(2.0, 4.0):.2f}"]))
-    tasks.append(("fails", ["sh", "-c", "echo oops >&2; exit 3"]))
+            tasks.append((f"long-{i}", ["sleep", f"{rng.uniform(3.0, 6.0):.2f}"]))
+    tasks.append(("fails-on-purpose", ["sh", "-c", "echo oops >&2; exit 3"]))
     return tasks
 
 
-def run(nodes: int, tasks: int, seed: int, out: Path | None) -> int:
+def run(nodes: int, tasks: int, seed: int, out: Path | None, slots: int) -> int:
     rng = random.Random(seed)
+    shares = (SHARES * ((nodes // len(SHARES)) + 1))[:nodes]
     with tempfile.TemporaryDirectory(prefix="swarm-demo-") as d:
         root = Path(d)
-        agents = [
-            LocalAgent(root, f"node{i + 1}", [*DEMO_ARGS, "--slots", "4"]) for i in range(nodes)
-        ]
-        print(f"starting {nodes} agent(s) in {root} ...")
-        for a in agents:
-            a.start()
+        print(f"starting {nodes} agents on loopback in {root}")
+        first = LocalAgent(
+            root, "node1", [*DEMO_ARGS, "--slots", str(slots), "--shares", str(shares[0])]
+        )
+        first.start()
+        seed_addr = f"127.0.0.1:{first.port}"
+        agents = [first]
+        for i in range(1, nodes):
+            a = LocalAgent(
+                root,
+                f"node{i + 1}",
+                [
+                    *DEMO_ARGS,
+                    "--slots",
+                    str(slots),
+                    "--shares",
+                    str(shares[i]),
+                    "--seeds",
+                    seed_addr,
+                ],
+            )
+            agents.append(a.start())
         try:
-            return _drive(agents, workload(tasks, rng), out)
+            _wait_converged(first, nodes)
+            return _drive(agents, shares, workload(tasks, rng), out)
         finally:
             for a in agents:
                 a.stop()
+            clean = all(a.proc is not None and a.proc.returncode == 0 for a in agents)
             print(
-                "all agents stopped cleanly"
-                if all(a.proc and a.proc.returncode == 0 for a in agents)
-                else "warning: an agent did not stop cleanly"
+                "all agents stopped cleanly" if clean else "warning: an agent did not stop cleanly"
             )
 
 
-def _drive(agents: list[LocalAgent], work: list[tuple[str, list[str]]], out: Path | None) -> int:
+def _wait_converged(a: LocalAgent, n: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    with a.client() as c:
+        while time.monotonic() < deadline:
+            nodes = c.call("nodes")["nodes"]
+            if sum(1 for x in nodes if x["state"] == "alive" and x["load"]) >= n:
+                print(f"{n} agents see each other (gossip), e.g. from node1:")
+                print(_nodes_table(nodes))
+                return
+            time.sleep(0.2)
+    raise SystemExit("the agents did not converge in time")
+
+
+def _nodes_table(nodes: list[dict[str, Any]]) -> str:
+    lines = [f"  {'node':<8} {'state':<7} {'shares':>6} {'report age':>10}"]
+    for x in nodes:
+        lines.append(
+            f"  {x['node']:<8} {x['state']:<7} {x['load']['shares']:>6} {x['load_age']:>9.2f}s"
+        )
+    return "\n".join(lines)
+
+
+def _drive(
+    agents: list[LocalAgent], shares: list[int], work: list[tuple[str, list[str]]], out: Path | None
+) -> int:
     entry = agents[0]
+    names = [a.name for a in agents]
     t0 = time.time()
     with entry.client() as c:
         ids = [c.submit(argv, name=name, cwd="/") for name, argv in work]
-    print(f"submitted {len(ids)} tasks at {entry.name} in {time.time() - t0:.2f}s")
-    samples: list[tuple[float, dict[str, int]]] = []
+    print(f"\nsubmitted {len(ids)} tasks at {entry.name} in {time.time() - t0:.2f}s; watching...")
+    timeline: list[tuple[float, dict[str, int]]] = []
+    clients = {a.name: Client(a.socket, timeout=30) for a in agents}
+    idset = set(ids)
+    last_print = 0.0
     with entry.client() as c:
         while True:
-            tasks = c.list(all=True, limit=100_000)
-            mine = [t for t in tasks if t["spec"]["id"] in set(ids)]
-            running = Counter(t["node"] for t in mine if t["state"] == "running")
-            samples.append((time.time() - t0, dict(running)))
-            if all(t["state"] in ("succeeded", "failed", "cancelled", "lost") for t in mine):
+            now = time.time() - t0
+            per_node: dict[str, int] = {}
+            for name, cl in clients.items():
+                info = cl.call("info")
+                per_node[name] = int(info["running"]) + int(info["queued"])
+            timeline.append((now, per_node))
+            if now - last_print >= 2.0:
+                last_print = now
+                bar = "  ".join(f"{n}:{per_node[n]:>3}" for n in names)
+                print(f"  t={now:5.1f}s  queued+running  {bar}")
+            done = [t for t in c.list(all=True, limit=100_000) if t["spec"]["id"] in idset]
+            if len(done) == len(ids) and all(
+                t["state"] in ("succeeded", "failed", "cancelled", "lost") for t in done
+            ):
                 break
-            time.sleep(0.25)
+            time.sleep(0.5)
         final = [c.status(tid) for tid in ids]
+        info = c.call("info")
+    for cl in clients.values():
+        cl.close()
     elapsed = time.time() - t0
     by_node = Counter(t["node"] for t in final)
-    states = Counter(t["state"] for t in final)
+    work_by_node: Counter[str] = Counter()
+    for t in final:
+        if t.get("started_at") and t.get("finished_at"):
+            work_by_node[t["node"]] += float(t["finished_at"]) - float(t["started_at"])
+    total_shares = sum(shares)
+    total_work = sum(work_by_node.values())
     print()
-    print(f"{'node':<10} {'tasks':>6} {'share':>7}")
-    for a in agents:
+    print(f"{'node':<8} {'shares':>6} {'tasks':>6} {'ideal':>6} {'work (s)':>9} {'ideal (s)':>9}")
+    for name, sh in zip(names, shares, strict=True):
+        ideal = len(final) * sh / total_shares
         print(
-            f"{a.name:<10} {by_node.get(a.name, 0):>6} {by_node.get(a.name, 0) / len(final):>7.1%}"
+            f"{name:<8} {sh:>6} {by_node.get(name, 0):>6} {ideal:>6.1f} "
+            f"{work_by_node.get(name, 0.0):>9.1f} {total_work * sh / total_shares:>9.1f}"
         )
-    print()
-    print("states: " + ", ".join(f"{k}={v}" for k, v in sorted(states.items())))
+    states = Counter(t["state"] for t in final)
+    print("\nstates: " + ", ".join(f"{k}={v}" for k, v in sorted(states.items())))
+    coord = info.get("coordinator", {})
+    print(
+        f"placed by {entry.name}: {coord.get('placed_local', 0)} ran locally, "
+        f"{coord.get('placed_remote', 0)} handed off (two choices on gossiped load); "
+        f"transfers pushed {coord.get('transfers_pushed', 0)}, stolen {coord.get('transfers_stolen', 0)}"
+    )
     print(f"all {len(final)} tasks finished in {elapsed:.1f}s")
     failed = [t for t in final if t["state"] != "succeeded"]
     for t in failed:
         print(f"  {t['spec']['id']} {t['spec']['name']}: {t['state']} ({t['reason']})")
     if out is not None:
-        _plot(samples, [a.name for a in agents], out)
-    expected_failures = {"fails"}
-    return 0 if {t["spec"]["name"] for t in failed} == expected_failures else 1
+        _plot(timeline, names, shares, by_node, len(final), out)
+    return 0 if {t["spec"]["name"] for t in failed} == {"fails-on-purpose"} else 1
 
 
-def _plot(samples: list[tuple[float, dict[str, int]]], names: list[str], out: Path) -> None:
+def _plot(
+    timeline: list[tuple[float, dict[str, int]]],
+    names: list[str],
+    shares: list[int],
+    by_node: Counter[str],
+    total: int,
+    out: Path,
+) -> None:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("(matplotlib not installed: no plot)")
+        print("(matplotlib not installed: no plot; `pip install .[sim]`)")
         return
-    fig, ax = plt.subplots(figsize=(8, 4))
-    xs = [s[0] for s in samples]
-    for n in names:
-        ax.plot(xs, [s[1].get(n, 0) for s in samples], label=n)
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("running tasks")
-    ax.legend()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = [t for t, _ in timeline]
+    for n, sh in zip(names, shares, strict=True):
+        ax1.plot(xs, [row.get(n, 0) for _, row in timeline], label=f"{n} ({sh} shares)")
+    ax1.set_xlabel("seconds since submission")
+    ax1.set_ylabel("tasks queued + running")
+    ax1.set_title("load per node over time")
+    ax1.legend(fontsize=8)
+    total_shares = sum(shares)
+    pos = range(len(names))
+    ax2.bar(
+        [p - 0.2 for p in pos], [by_node.get(n, 0) for n in names], width=0.4, label="tasks run"
+    )
+    ax2.bar(
+        [p + 0.2 for p in pos],
+        [total * s / total_shares for s in shares],
+        width=0.4,
+        label="share-weighted ideal",
+    )
+    ax2.set_xticks(list(pos), names)
+    ax2.set_title("where the work went")
+    ax2.legend(fontsize=8)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100, bbox_inches="tight")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
     print(f"plot: {out}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m swarm.demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--nodes", type=int, default=1)
-    ap.add_argument("--tasks", type=int, default=60)
+    ap.add_argument("--nodes", type=int, default=5)
+    ap.add_argument("--tasks", type=int, default=300)
+    ap.add_argument("--slots", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("demo-out/demo.png"))
     args = ap.parse_args(argv)
-    return run(args.nodes, args.tasks, args.seed, args.out)
+    return run(args.nodes, args.tasks, args.seed, args.out, args.slots)
 
 
 if __name__ == "__main__":

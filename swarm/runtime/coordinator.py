@@ -55,6 +55,7 @@ class Coordinator:
         psi_target: float = 50.0,
         report_interval: float = 1.0,
         rpc_timeout: float = 5.0,
+        transfer_config: tr.TransferConfig | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.node = node
@@ -77,7 +78,7 @@ class Coordinator:
         self.flex_cfg = loadpol.FlexConfig(psi_cpu_target=psi_target, psi_mem_target=psi_target)
         self.flex = loadpol.FlexState.initial(self.flex_cfg)
         self.peak = loadpol.PeakEstimator()
-        self.transfer = tr.TransferPolicy(node)
+        self.transfer = tr.TransferPolicy(node, transfer_config)
         self.globals = sh.GlobalTasks()
         self.explains: dict[m.TaskId, list[dict[str, Any]]] = {}
         self.placing: set[m.TaskId] = set()
@@ -87,6 +88,9 @@ class Coordinator:
         self._nursery: trio.Nursery | None = None
         self._kick_place = trio.Event()
         self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
+        self._published_at = 0.0
+        self._publish_pending = False
+        self.min_publish_gap = min(0.25, report_interval)
         self._globals_kick = trio.Event()
         self.counters: dict[str, int] = {
             "placements": 0,
@@ -222,7 +226,33 @@ class Coordinator:
 
     def publish_load(self) -> None:
         if self.cluster is not None:
+            self._published_at = trio.current_time()
             self.cluster.set_local_load(self.local_report())
+
+    def load_changed(self) -> None:
+        """Our queue changed: publish soon (rate-limited), so peers' views stay fresh."""
+        if self._publish_pending or self._nursery is None:
+            return
+        self._publish_pending = True
+        self._nursery.start_soon(self._publish_later)
+
+    async def _publish_later(self) -> None:
+        await trio.sleep(max(0.0, self._published_at + self.min_publish_gap - trio.current_time()))
+        self._publish_pending = False
+        self.publish_load()
+
+    def _count_in_view(self, node: m.NodeId, spec: m.TaskSpec) -> None:
+        """We just handed `spec` to `node`: until its next report arrives, count it in
+        our (stale) view of that node, so that our next placements do not pile onto a
+        node whose report predates the work we sent it."""
+        entry = self.view.get(node)
+        if entry is None:
+            return
+        r = entry.report
+        self.view.upsert(
+            attrs.evolve(r, weight_sum=r.weight_sum + spec.weight, queued=r.queued + 1),
+            entry.received_at,
+        )
 
     def queue_view(self) -> list[tr.QueuedTask]:
         """Queued (not started) tasks in the local run queue, as transfer sees them."""
@@ -260,6 +290,7 @@ class Coordinator:
             self.runner.kick()
         else:
             self.runner.enqueue(task.id)
+        self.load_changed()
 
     async def _place_task(self, tid: m.TaskId) -> None:
         """Find a home for a queued task whose home is here: two choices, re-check, retry."""
@@ -392,7 +423,9 @@ class Coordinator:
             return
         if t.state is S.TRANSFERRING:
             self.table.change(t.id, S.QUEUED, f"handed off to {o.node}", node=o.node)
+            self._count_in_view(o.node, t.spec)
             self.ledger.remove(t.id)
+            self.load_changed()
             self.arrived.pop(t.id, None)
             self._offer_outcome(t.id, True, "")
             if t.id in self.pending_cancel:
@@ -623,6 +656,7 @@ class Coordinator:
             self.guest.requeued(task.id)
             return
         self.ledger.remove(task.id)
+        self.load_changed()
         if task.spec.home != self.node and not task.spec.is_global:
             rep = h.Report(
                 task.id,
