@@ -169,7 +169,8 @@ def _drive(
     print(
         f"placed by {entry.name}: {coord.get('placed_local', 0)} ran locally, "
         f"{coord.get('placed_remote', 0)} handed off (two choices on gossiped load); "
-        f"transfers pushed {coord.get('transfers_pushed', 0)}, stolen {coord.get('transfers_stolen', 0)}"
+        f"transfers pushed {coord.get('transfers_pushed', 0)}, "
+        f"stolen {coord.get('transfers_stolen', 0)}"
     )
     print(f"all {len(final)} tasks finished in {elapsed:.1f}s")
     failed = [t for t in final if t["state"] != "succeeded"]
