@@ -119,6 +119,8 @@ class Agent:
             report_interval=config.report_interval,
             rpc_timeout=2.0 if config.profile == "local" else 5.0,
             transfer_config=transfer_config(config.profile),
+            placement_rule=config.placement,
+            transfer=config.transfer,
             rng=self.rng,
         )
         self.runner.can_start = self.coord.can_start

@@ -122,8 +122,8 @@ class Config:
     gpu_policy: str
     mps: bool
     gpus: list[Any]
-    transfer_low: float
-    transfer_high: float
+    placement: str
+    transfer: bool
     config_file: Path | None = None
 
     @property
@@ -211,8 +211,6 @@ def load_config(
         raise ConfigError("node-id", "must be 1-128 characters")
     if len(str(values["socket"]).encode()) > 107:
         raise ConfigError("socket", f"path too long for a Unix socket ({values['socket']})")
-    if values["transfer_low"] > values["transfer_high"]:
-        raise ConfigError("transfer-low", "must not exceed transfer-high")
     if not isinstance(values["gpus"], list):
         raise ConfigError("gpus", "must be a list of tables ([[gpus]])")
     return Config(config_file=cfg_file, **values)

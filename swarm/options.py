@@ -71,6 +71,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("faults", "str", None, "transport fault shim, e.g. drop=0.2,seed=1 (tests only)"),
     Option("metrics", "str", None, "serve Prometheus metrics on ADDR:PORT"),
     Option("placement-d", "int", 2, "peers sampled per placement (power of d choices)", _positive),
+    Option(
+        "placement",
+        "str",
+        "two-choice",
+        "placement rule: two-choice (power of d) or random (a baseline for benchmarks)",
+        _one_of("two-choice", "random"),
+    ),
     Option("allow-root-tasks", "bool", False, "let root submit tasks that run as root"),
     Option("log-format", "str", "logfmt", "stderr log format", _one_of("logfmt", "json")),
     Option("log-level", "str", "info", "log level", _one_of("debug", "info", "warning", "error")),
@@ -91,8 +98,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "gpus", "raw", [], "declared GPU devices (list of tables) for hosts without NVML", cli=False
     ),
-    Option("transfer-low", "float", 0.5, "load below which a node is a receiver", _non_negative),
-    Option("transfer-high", "float", 1.0, "load above which a node is a sender", _non_negative),
+    Option("transfer", "bool", True, "move queued tasks between nodes (sender/receiver)"),
 )
 
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

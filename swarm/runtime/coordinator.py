@@ -56,6 +56,8 @@ class Coordinator:
         report_interval: float = 1.0,
         rpc_timeout: float = 5.0,
         transfer_config: tr.TransferConfig | None = None,
+        placement_rule: str = "two-choice",
+        transfer: bool = True,
         rng: random.Random | None = None,
     ) -> None:
         self.node = node
@@ -66,6 +68,8 @@ class Coordinator:
         self.ledger = ledger
         self.log = log
         self.d = placement_d
+        self.placement_rule = placement_rule
+        self.transfer_on = transfer
         self.rng = rng or random.Random()
         self.report_interval = report_interval
         self.rpc_timeout = rpc_timeout
@@ -168,7 +172,7 @@ class Coordinator:
                 )
             nursery.start_soon(self._report_loop)
             nursery.start_soon(self._handoff_tick_loop)
-            if self.cluster is not None:
+            if self.cluster is not None and self.transfer_on:
                 nursery.start_soon(self._transfer_loop)
             nursery.start_soon(self._globals_loop)
             # resume what the journal says was in flight
@@ -344,6 +348,24 @@ class Coordinator:
                 retry = retry.on_refusal(p.target, trio.current_time(), policy, self.rng)
         finally:
             self.placing.discard(tid)
+
+    def _place_random(
+        self, spec: m.TaskSpec, local: m.LoadReport, now: float, exclude: frozenset[m.NodeId]
+    ) -> pl.Placement:
+        """Baseline for benchmarks: a uniformly random eligible node (this one included)."""
+        needs = pl.Needs.of(spec)
+        nodes = [n for n in self.view if n != self.node]
+        for _ in range(16):
+            i = self.rng.randrange(len(nodes) + 1)
+            node = self.node if i == len(nodes) else nodes[i]
+            report = local if node == self.node else self.view[node].report
+            if node not in exclude and pl.refusal(report, needs) is None:
+                return pl.Placement(
+                    spec.id, node, node == self.node, (), "random", 1, len(nodes), False
+                )
+        return pl.Placement(
+            spec.id, None, False, (), "random: no eligible node drawn", 16, len(nodes), False
+        )
 
     # -------------------------------------------------------------- handoff
 

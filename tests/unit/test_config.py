@@ -62,7 +62,7 @@ def test_config_file_from_env(tmp_path: Path) -> None:
         ("", {"SWARM_SLOTS": "x"}, "slots"),
         ("", {"SWARM_MDNS": "perhaps"}, "mdns"),
         ('profile = "wan"\n', {}, "profile"),
-        ("transfer-low = 2.0\n", {}, "transfer-low"),
+        ('placement = "best"\n', {}, "placement"),
         ("slots = [\n", {}, "config"),
     ],
 )

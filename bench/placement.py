@@ -1,0 +1,198 @@
+"""Cluster-wide placement: 8 real agents on loopback, two-choice vs random, same run.
+
+For each placement rule (two-choice on stale gossip, and uniform random as the
+baseline) and each entry mode (all tasks submitted at one node; spread over all
+nodes), submits N short tasks and measures:
+- tasks placed per second (first submit -> the last task has left its home's
+  placement stage: running locally or handed off), and submissions per second;
+- submit-to-start latency p50/p99 (the task records' submitted_at -> started_at);
+- coefficient of variation of per-node work against the share-weighted ideal
+  (work = tasks run on the node, divided by its ideal share of N);
+- transfers (pushes + steals) per task.
+Prints a table and writes bench/results/placement.json.
+
+Targets (issue 4): balance at least 3x closer to ideal than random (CV ratio),
+>= 500 tasks/s placed cluster-wide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swarm.client import Client
+from swarm.localcluster import LocalAgent
+
+HERE = Path(__file__).resolve().parent
+SHARES = [2048, 2048, 1024, 1024, 1024, 1024, 512, 512]
+BASE = ["--insecure", "--no-mdns", "--bind", "127.0.0.1", "--port", "0", "--profile", "local"]
+
+
+def start_cluster(root: Path, rule: str, slots: int) -> list[LocalAgent]:
+    args = [*BASE, "--log-level", "warning", "--placement", rule, "--slots", str(slots)]
+    first = LocalAgent(root, f"{rule[:3]}1", [*args, "--shares", str(SHARES[0])]).start()
+    seed = f"127.0.0.1:{first.port}"
+    agents = [first]
+    for i in range(1, len(SHARES)):
+        a = LocalAgent(
+            root, f"{rule[:3]}{i + 1}", [*args, "--shares", str(SHARES[i]), "--seeds", seed]
+        )
+        agents.append(a.start())
+    deadline = time.monotonic() + 60
+    with first.client() as c:
+        while time.monotonic() < deadline:
+            nodes = c.call("nodes")["nodes"]
+            if sum(1 for n in nodes if n["state"] == "alive" and n["load"]) == len(SHARES):
+                return agents
+            time.sleep(0.2)
+    raise SystemExit("cluster did not converge")
+
+
+def submit_all(
+    agents: list[LocalAgent], n: int, spread: bool, argv: list[str]
+) -> tuple[list[tuple[int, str]], float]:
+    entries = agents if spread else agents[:1]
+    per = [n // len(entries) + (1 if i < n % len(entries) else 0) for i in range(len(entries))]
+    ids: list[list[tuple[int, str]]] = [[] for _ in entries]
+    threads_per_entry = 8 if not spread else 2
+
+    def worker(i: int, count: int) -> None:
+        with Client(entries[i].socket, timeout=120) as c:
+            for _ in range(count):
+                ids[i].append((i, c.submit(argv, cwd="/")))
+
+    threads = []
+    for i, count in enumerate(per):
+        k = threads_per_entry
+        for j in range(k):
+            part = count // k + (1 if j < count % k else 0)
+            threads.append(threading.Thread(target=worker, args=(i, part)))
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [x for grp in ids for x in grp], t0
+
+
+def collect(agents: list[LocalAgent], ids: list[tuple[int, str]], spread: bool) -> dict[str, Any]:
+    entries = agents if spread else agents[:1]
+    clients = [Client(a.socket, timeout=600) for a in entries]
+    records = [clients[i].wait(tid, timeout=600) for i, tid in ids]
+    done_at = time.time()
+    infos = []
+    for a in agents:
+        with a.client() as c:
+            infos.append(c.info())
+    for c in clients:
+        c.close()
+    return {"records": records, "done_at": done_at, "infos": infos}
+
+
+def analyse(
+    agents: list[LocalAgent], res: dict[str, Any], t0: float, submit_end: float, n: int
+) -> dict[str, Any]:
+    recs = res["records"]
+    ok = sum(1 for r in recs if r["state"] == "succeeded")
+    names = [a.name for a in agents]
+    count = {name: 0 for name in names}
+    lat = []
+    decided = []
+    for r in recs:
+        count[r["node"]] = count.get(r["node"], 0) + 1
+        if r.get("started_at"):
+            lat.append(float(r["started_at"]) - float(r["spec"]["submitted_at"]))
+        # when the home stopped deciding: the last transition before running
+        last = r["history"][0]["at"]
+        for hh in r["history"]:
+            if hh["dst"] == "running":
+                break
+            last = hh["at"]
+        decided.append(last)
+    total_shares = sum(SHARES)
+    rel = [count[nm] / (n * s / total_shares) for nm, s in zip(names, SHARES, strict=True)]
+    cv = statistics.pstdev(rel) / statistics.mean(rel)
+    transfers = sum(i["coordinator"]["transfers_pushed"] for i in res["infos"])
+    placed_span = max(decided) - t0
+    lat.sort()
+    return {
+        "tasks": n,
+        "succeeded": ok,
+        "submit_per_s": n / (submit_end - t0),
+        "placed_per_s": n / placed_span,
+        "completed_per_s": n / (res["done_at"] - t0),
+        "start_p50_ms": 1000 * lat[len(lat) // 2],
+        "start_p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "cv_vs_ideal": cv,
+        "per_node": count,
+        "transfers_per_task": transfers / n,
+    }
+
+
+def run(rule: str, spread: bool, n: int, slots: int, argv: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="swp-") as d:
+        agents = start_cluster(Path(d), rule, slots)
+        try:
+            ids, t0 = submit_all(agents, n, spread, argv)
+            submit_end = time.time()
+            res = collect(agents, ids, spread)
+            return analyse(agents, res, t0, submit_end, n)
+        finally:
+            for a in agents:
+                a.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=5000)
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--task", default="sleep 0.05", help="the short task's command")
+    ap.add_argument("--out", default=str(HERE / "results" / "placement.json"))
+    args = ap.parse_args()
+    argv = args.task.split()
+    results: dict[str, Any] = {}
+    for spread in (False, True):
+        for rule in ("two-choice", "random"):
+            key = f"{rule}/{'all-nodes' if spread else 'one-node'}"
+            print(f"running {key} ({args.tasks} tasks)...", flush=True)
+            results[key] = run(rule, spread, args.tasks, args.slots, argv)
+            r = results[key]
+            print(
+                f"  placed {r['placed_per_s']:.0f}/s  submitted {r['submit_per_s']:.0f}/s  "
+                f"done {r['completed_per_s']:.0f}/s  start p50 {r['start_p50_ms']:.0f} ms "
+                f"p99 {r['start_p99_ms']:.0f} ms  CV {r['cv_vs_ideal']:.3f}  "
+                f"transfers/task {r['transfers_per_task']:.3f}  ok {r['succeeded']}/{r['tasks']}",
+                flush=True,
+            )
+    summary = {}
+    for mode in ("one-node", "all-nodes"):
+        two, rnd = results[f"two-choice/{mode}"], results[f"random/{mode}"]
+        summary[mode] = {
+            "balance_gain_vs_random": rnd["cv_vs_ideal"] / max(two["cv_vs_ideal"], 1e-9),
+            "placed_per_s": two["placed_per_s"],
+        }
+    results["summary"] = summary
+    results["targets"] = {
+        f"{mode}: balance >= 3x random": s["balance_gain_vs_random"] >= 3
+        for mode, s in summary.items()
+    } | {f"{mode}: >= 500 placed/s": s["placed_per_s"] >= 500 for mode, s in summary.items()}
+    print(json.dumps(results["summary"], indent=2))
+    for k, v in results["targets"].items():
+        print(f"target {k}: {'met' if v else 'NOT met'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
