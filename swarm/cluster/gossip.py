@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Hashable, Iterable, Mapping
-from typing import NamedTuple
 
 import attrs
 
@@ -131,15 +130,19 @@ class _Item:
     kind: str
     tier: int
     mult: int
+    size: int  # bytes it takes in a packet: the blob and its msgpack bin header
     transmits: int = 0
 
 
-class Taken(NamedTuple):
-    """One message picked for a packet."""
+# One message picked for a packet: (key, kind, blob). A plain tuple: this is the
+# hottest path of the simulator.
+Taken = tuple[Hashable, str, bytes]
 
-    key: Hashable
-    kind: str
-    blob: bytes
+
+def packed_size(blob: bytes) -> int:
+    """Bytes a blob takes inside a packet's message array (see messages.blob_overhead)."""
+    n = len(blob)
+    return n + (2 if n < 256 else 3 if n < 65536 else 5)
 
 
 class BroadcastQueue:
@@ -171,7 +174,7 @@ class BroadcastQueue:
 
     def enqueue(self, key: Hashable, blob: bytes, *, kind: str, tier: int, mult: int) -> None:
         self.remove(key)
-        it = _Item(key=key, blob=blob, kind=kind, tier=tier, mult=mult)
+        it = _Item(key=key, blob=blob, kind=kind, tier=tier, mult=mult, size=packed_size(blob))
         self._items[key] = it
         self._buckets[tier].setdefault(0, {})[key] = it
         self._tier_count[tier] += 1
@@ -212,11 +215,10 @@ class BroadcastQueue:
         budget: int,
         n_nodes: int,
         *,
-        overhead: int = 3,
         tier_caps: Mapping[int, int] | None = None,
         max_scan: int = 512,
     ) -> list[Taken]:
-        """Pick messages whose encoded size plus `overhead` each fits in `budget`.
+        """Pick messages whose packed size (packed_size) fits in `budget` bytes.
 
         Every picked message counts one transmission; it leaves the queue at its
         retransmit limit, computed with today's cluster size as memberlist does.
@@ -226,16 +228,20 @@ class BroadcastQueue:
         picked: list[_Item] = []
         remaining = budget
         scanned = 0
-        for tier in range(N_TIERS):
-            buckets = self._buckets[tier]
+        for tier, buckets in enumerate(self._buckets):
             if not buckets:
                 continue
-            cap = remaining if tier_caps is None else min(remaining, tier_caps.get(tier, remaining))
+            cap = remaining
+            if tier_caps is not None:
+                c = tier_caps.get(tier)
+                if c is not None and c < cap:
+                    cap = c
             misses = 0  # consecutive items that did not fit: the tier is as full as it gets
-            for t in sorted(buckets):
+            stop = False
+            for t in sorted(buckets) if len(buckets) > 1 else buckets:
                 for it in reversed(buckets[t].values()):
                     scanned += 1
-                    size = len(it.blob) + overhead
+                    size = it.size
                     if size <= cap:
                         picked.append(it)
                         cap -= size
@@ -244,23 +250,35 @@ class BroadcastQueue:
                     else:
                         misses += 1
                     if cap < 8 or misses >= 8 or scanned >= max_scan:
+                        stop = True
                         break
-                if cap < 8 or misses >= 8 or scanned >= max_scan:
+                if stop:
                     break
             if remaining < 8 or scanned >= max_scan:
                 break
-        out = [Taken(it.key, it.kind, it.blob) for it in picked]
+        if not picked:
+            return []
+        out = [(it.key, it.kind, it.blob) for it in picked]
         limits: dict[int, int] = {}
+        items = self._items
+        all_buckets = self._buckets
         # Re-bucket oldest first so that the next take still sees the newest first.
         for it in reversed(picked):
-            self._unbucket(it)
+            tb = all_buckets[it.tier]
+            b = tb[it.transmits]
+            del b[it.key]
+            if not b:
+                del tb[it.transmits]
             it.transmits += 1
             limit = limits.get(it.mult)
             if limit is None:
                 limit = limits[it.mult] = retransmit_limit(it.mult, n_nodes)
             if it.transmits >= limit:
-                del self._items[it.key]
+                del items[it.key]
                 self._tier_count[it.tier] -= 1
             else:
-                self._buckets[it.tier].setdefault(it.transmits, {})[it.key] = it
+                nb = tb.get(it.transmits)
+                if nb is None:
+                    nb = tb[it.transmits] = {}
+                nb[it.key] = it
         return out

@@ -90,6 +90,9 @@ def _non_negative(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
 class MembershipConfig:
     """Timers and limits. Defaults are memberlist's DefaultLANConfig.
 
+    `tcp_fallback_ping` is memberlist's TCP ping sent along with the indirect probes
+    (a reliable Outgoing); it keeps UDP-only loss from turning into suspicions.
+
     Beyond memberlist: `lifeguard` switches all Lifeguard parts off together (for
     comparison; then: no local health, no nacks, fixed suspicion timeout, no buddy
     pings, no late-timer guard); the `load_*` knobs; `reconnect_interval` (push-pull
@@ -111,6 +114,7 @@ class MembershipConfig:
     awareness_max_multiplier: int = attrs.field(default=8, validator=_positive)
     gossip_to_the_dead_time: float = attrs.field(default=30.0, validator=_non_negative)
     lifeguard: bool = True
+    tcp_fallback_ping: bool = True
     reconnect_interval: float = attrs.field(default=30.0, validator=_positive)
     tombstone_ttl: float = attrs.field(default=3600.0, validator=_positive)
     load_refresh_interval: float = attrs.field(default=5.0, validator=_positive)
@@ -319,6 +323,8 @@ class Membership:
         self._leaving = False
         self._joined = False
         self._refuted = False  # set by _apply_self, read by _on_push_pull
+        self._stale_accusation = False  # set by _apply_self, read by receive
+        self._corrected: dict[Addr, float] = {}  # when we last corrected each sender
         self._budget = config.udp_budget - envelope_overhead(self.cluster)
         if self._budget < 64:
             raise ValueError("max_packet_size too small for the cluster name and overhead")
@@ -477,15 +483,33 @@ class Membership:
             st["drop." + e.code] += 1
             return out
         try:
+            self._stale_accusation = False
             for msg, blob in zip(pkt.messages, pkt.blobs, strict=True):
                 k_n, k_b = _IN_KEYS[type(msg)]
                 st[k_n] += 1
                 st[k_b] += len(blob)
                 self._handle(msg, blob, src, now, reliable, out)
+            if self._stale_accusation and not reliable:
+                self._correct(src, now, out)
         except Exception as e:  # never let a bug take the node down; make it visible
             st["error.internal"] += 1
             self.last_error = f"{type(e).__name__}: {e}"
         return out
+
+    def _correct(self, src: Addr, now: float, out: list[Outgoing]) -> None:
+        """Beyond memberlist: the sender still spreads an accusation we already
+        refuted, so it missed the refutation; hand it our current record directly
+        (at most once per probe interval per sender). Under heavy loss the gossip
+        channel saturates and a refutation may not reach everyone in time."""
+        last = self._corrected.get(src)
+        if last is not None and now - last < self.config.probe_interval:
+            return
+        if len(self._corrected) >= 4096:
+            self._corrected.clear()
+        self._corrected[src] = now
+        self.stats["refute.direct"] += 1
+        me = self._members[self._me]
+        self._send(src, [("member", self._codec.encode(MemberUpdate(me)))], out)
 
     def leave(self, now: float) -> list[Outgoing]:
         """Gossip that we leave; keep calling tick until `leave_complete`."""
@@ -616,8 +640,16 @@ class Membership:
             if msg.target and msg.target != self._me:
                 self.stats["drop.not_for_us"] += 1
                 return
-            self._send(src, [("ack", self._codec.encode(Ack(msg.seq)))], out)
+            ack = self._codec.encode(Ack(msg.seq))
+            if reliable:  # a TCP fallback ping: answer the same way
+                payload = self._codec.encode_packet(self.cluster, [ack])
+                self._count_out("ack", payload, reliable=True)
+                out.append(Outgoing(src, payload, True))
+            else:
+                self._send(src, [("ack", ack)], out)
         elif isinstance(msg, Ack):
+            if reliable and isinstance(self._waiters.get(msg.seq), _Probe):
+                self.stats["probe.tcp_ack"] += 1
             self._on_ack(msg.seq, out)
         elif isinstance(msg, Nack):
             w = self._waiters.get(msg.seq)
@@ -726,6 +758,12 @@ class Membership:
             self._send((h.addr, h.port), [("ping_req", blob)], out)
         probe.expected_nacks = len(helpers) if self._lifeguard else 0
         self.stats["probe.indirect"] += 1
+        if self.config.tcp_fallback_ping:
+            # memberlist: also try the target over TCP; UDP alone may be what fails.
+            ping = self._codec.encode(Ping(seq, probe.node))
+            payload = self._codec.encode_packet(self.cluster, [ping])
+            self._count_out("ping", payload, reliable=True)
+            out.append(Outgoing((target.addr, target.port), payload, True))
 
     def _probe_end(self, seq: int, now: float, out: list[Outgoing]) -> None:
         self._timers.cancel(("probe_timeout", seq))
@@ -795,8 +833,8 @@ class Membership:
         for _, b in blobs:
             budget -= len(b) + blob_overhead(len(b))
         if budget > 8 and self._queue:
-            for t in self._queue.take(budget, self._n_live, tier_caps=self._caps):
-                blobs.append((t.kind, t.blob))
+            for _, kind, blob in self._queue.take(budget, self._n_live, tier_caps=self._caps):
+                blobs.append((kind, blob))
         if not blobs:
             return False
         payload = self._codec.encode_packet(self.cluster, [b for _, b in blobs])
@@ -946,19 +984,20 @@ class Membership:
     def _apply_self(self, rec: m.Member, accuser: NodeId, now: float) -> bool:
         """Somebody told us about ourselves. Returns True if we had to refute."""
         me = self._members[self._me]
-        if self._leaving or rec.incarnation < me.incarnation:
+        if self._leaving:
             return False
-        if (
-            rec.state is ALIVE
-            and rec.incarnation == me.incarnation
-            and (rec.addr, rec.port)
-            == (
-                me.addr,
-                me.port,
-            )
-        ):
+        if rec.incarnation < me.incarnation:
+            if rec.state is not ALIVE:
+                self._stale_accusation = True  # receive() answers the sender
             return False
-        # An accusation, or a record from a previous life of ours: out-bid it.
+        if rec.state is ALIVE and (rec.addr, rec.port) == (me.addr, me.port):
+            # Our own news, or a previous life of ours at this address: that record
+            # is exactly what we would say, so adopt its incarnation (out-bidding it
+            # would make the result depend on the order records arrive in).
+            if rec.incarnation > me.incarnation:
+                self._members[self._me] = attrs.evolve(me, incarnation=rec.incarnation)
+            return False
+        # An accusation, or somebody else claiming our id: out-bid it.
         inc = max(me.incarnation, rec.incarnation) + 1
         if self._lifeguard and rec.state is not ALIVE:
             self._awareness.apply(1)

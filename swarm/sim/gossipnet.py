@@ -6,8 +6,10 @@ reproducible bit for bit. Time is simulated seconds (`net.now`); nothing sleeps.
 The network models what the membership protocol has to survive:
 
 * per-packet latency (any distribution: a function of the rng), random loss of
-  datagrams (reliable payloads are not lost, like TCP, but are cut by partitions
-  and by dead receivers), partitions (groups that cannot reach each other) and heal;
+  datagrams, reliable payloads modelled as TCP (every leg of the handshake and the
+  data may be lost and is then resent after a retransmission timeout, so loss shows
+  up as delay; a connection fails after 5 resends of one leg), partitions (groups
+  that cannot reach each other, both kinds of traffic) and heal;
 * node faults: `kill` (the process is gone: nothing runs, packets to it vanish),
   `stall` (the process is frozen, as under CPU starvation: its timers do not fire
   and packets queue up; on resume it sees late timers and a backlog), `leave`, and
@@ -413,8 +415,12 @@ class GossipNet:
                 cnt.lost += 1
                 continue
             if o.reliable:
-                # connect + send: about three one-way trips plus serialization time
-                delay = 3 * latency(rng) + size / self.bandwidth
+                d = self._tcp_delay(size)
+                if d is None:
+                    self.dropped_loss += 1
+                    cnt.lost += 1
+                    continue
+                delay = d
             else:
                 if self.loss and rng.random() < self.loss:
                     self.dropped_loss += 1
@@ -422,6 +428,25 @@ class GossipNet:
                     continue
                 delay = latency(rng)
             self._push(now + delay, _DELIVER, dst, src.addr, o.payload, o.reliable)
+
+    def _tcp_delay(self, size: int) -> float | None:
+        """A reliable payload: SYN, SYN-ACK, then one data leg per 64 KiB. Each leg is
+        lost with the datagram loss rate and resent after an RTO (1 s for the
+        handshake, 0.2 s for data, doubling); after 5 resends the connection fails."""
+        rng = self.rng
+        loss = self.loss
+        legs = [1.0, 1.0] + [0.2] * (1 + size // 65536)
+        delay = size / self.bandwidth
+        for rto in legs:
+            delay += self.latency(rng)
+            tries = 0
+            while loss and rng.random() < loss:
+                tries += 1
+                if tries > 5:
+                    return None
+                delay += rto
+                rto *= 2
+        return delay
 
     def _deliver(self, node: SimNode, src: Addr, payload: bytes, reliable: bool) -> None:
         if not node.alive:

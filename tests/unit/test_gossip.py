@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Hashable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -93,9 +94,9 @@ def test_take_prefers_fewest_transmits_then_newest() -> None:
     q.take(100, n_nodes=10)  # "old" now has one transmit
     q.enqueue("new1", b"a" * 10, kind="k", tier=0, mult=4)
     q.enqueue("new2", b"b" * 10, kind="k", tier=0, mult=4)
-    picked = [t.key for t in q.take(2 * 13, n_nodes=10)]
+    picked = [t[0] for t in q.take(2 * 13, n_nodes=10)]
     assert picked == ["new2", "new1"]  # untransmitted first, newest first
-    picked = [t.key for t in q.take(3 * 13, n_nodes=10)]
+    picked = [t[0] for t in q.take(3 * 13, n_nodes=10)]
     assert picked == ["new2", "new1", "old"]  # all at one transmit: newest first
 
 
@@ -104,7 +105,7 @@ def test_retransmit_limit_removes_items() -> None:
     q.enqueue("a", b"a", kind="k", tier=0, mult=2)
     n = 50  # limit = 2 * ceil(log10(51)) = 4
     for _ in range(4):
-        assert [t.key for t in q.take(100, n_nodes=n)] == ["a"]
+        assert [t[0] for t in q.take(100, n_nodes=n)] == ["a"]
     assert q.take(100, n_nodes=n) == []
     assert len(q) == 0
 
@@ -117,17 +118,17 @@ def test_invalidation_replaces_and_resets_count() -> None:
     q.enqueue(("m", "x"), b"v2", kind="k", tier=0, mult=4)
     assert len(q) == 1
     assert q.transmits(("m", "x")) == 0
-    assert [t.blob for t in q.take(100, n_nodes=3)] == [b"v2"]
+    assert [t[2] for t in q.take(100, n_nodes=3)] == [b"v2"]
 
 
 def test_membership_tier_goes_first_and_load_is_capped() -> None:
     q = _q(("load1", 100, g.LOAD_TIER), ("load2", 100, g.LOAD_TIER), ("mem", 100, g.MEMBER_TIER))
     q.enqueue("app", b"y" * 100, kind="k", tier=g.APP_TIER, mult=1)
     taken = q.take(1000, n_nodes=3, tier_caps={g.LOAD_TIER: 110})
-    assert [t.key for t in taken] == ["mem", "app", "load2"]
+    assert [t[0] for t in taken] == ["mem", "app", "load2"]
     # when membership news fills the packet, load waits
     q2 = _q(("mem", 200, g.MEMBER_TIER), ("load", 50, g.LOAD_TIER))
-    assert [t.key for t in q2.take(210, n_nodes=3)] == ["mem"]
+    assert [t[0] for t in q2.take(210, n_nodes=3)] == ["mem"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -140,9 +141,12 @@ def test_take_never_exceeds_budget(items: list[tuple[int, int, int]], budget: in
     for key, size, tier in items:
         q.enqueue(key, b"z" * size, kind="k", tier=tier, mult=3)
     for _ in range(5):
-        taken = q.take(budget, n_nodes=100, overhead=3, tier_caps={g.LOAD_TIER: budget // 2})
-        assert sum(len(t.blob) + 3 for t in taken) <= budget
-        assert len({t.key for t in taken}) == len(taken)
+        taken = q.take(budget, n_nodes=100, tier_caps={g.LOAD_TIER: budget // 2})
+        assert sum(g.packed_size(t[2]) for t in taken) <= budget
+        final_tier: dict[Hashable, int] = {k: tier for k, _, tier in items}  # last one wins
+        load = [t for t in taken if final_tier[t[0]] == g.LOAD_TIER]
+        assert sum(g.packed_size(t[2]) for t in load) <= budget // 2
+        assert len({t[0] for t in taken}) == len(taken)
 
 
 # --------------------------------------------------------------- merge rules
@@ -228,12 +232,14 @@ def test_load_merge_newest_version_wins_in_any_order(
 def test_prune_drops_most_transmitted_first() -> None:
     q = g.BroadcastQueue()
     for i in range(6):
-        q.enqueue(f"l{i}", b"l", kind="load", tier=g.LOAD_TIER, mult=10)
-    q.take(3 * 4, n_nodes=100, overhead=3)  # l5, l4, l3 go out once
+        q.enqueue(f"l{i}", b"l" * 10, kind="load", tier=g.LOAD_TIER, mult=10)
+    taken = q.take(3 * 12, n_nodes=100)  # three fit: the newest go out once
+    assert [t[0] for t in taken] == ["l5", "l4", "l3"]
     q.enqueue("m", b"m", kind="member", tier=g.MEMBER_TIER, mult=10)
     assert q.prune(g.LOAD_TIER, 4) == 2
     assert q.tier_len(g.LOAD_TIER) == 4
-    assert {"l0", "l1", "l2"} <= {k for k in ("l0", "l1", "l2", "l3", "l4", "l5") if k in q}
+    # all three at one transmit; the oldest two of them go
+    assert {k for k in ("l0", "l1", "l2", "l3", "l4", "l5") if k in q} == {"l0", "l1", "l2", "l5"}
     assert "m" in q  # other tiers untouched
     assert q.prune(g.LOAD_TIER, 10) == 0
 
