@@ -10,11 +10,12 @@ import pwd
 import random
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import trio
 
-from . import __version__, codec, requests, wire
+from . import __version__, codec, requests, testbreak, wire
 from . import model as m
 from .config import Config, ConfigError
 from .crypto import Keyring, KeyringError
@@ -25,8 +26,12 @@ from .runtime.api import ApiServer, Ops, PeerCred, RequestError
 from .runtime.cluster import ClusterNode, RemoteError
 from .runtime.coordinator import Coordinator
 from .runtime.executor import Executor, kill_orphan
+from .runtime.isolation import Identities, IsolationError, TaskIsolation
+from .runtime.isolation import detect as detect_cgroups
 from .runtime.journal import DelProc, Event, Journal, JournalError, PutKV
+from .runtime.metrics import MetricsServer
 from .runtime.net import TransportError
+from .runtime.notify import Notifier
 from .runtime.runner import LocalRunner
 from .runtime.tasks import TaskTable, UnknownTask, wall_now
 
@@ -126,6 +131,18 @@ class Agent:
         self.runner.can_start = self.coord.can_start
         self.runner.on_started = self.coord.on_started
         self.runner.on_finished = self.coord.on_finished
+        try:
+            cgroups = detect_cgroups(config.state_dir, prefer=config.isolation, log=self.log)
+        except IsolationError as e:
+            raise ConfigError("isolation", str(e)) from None
+        self.isolation = TaskIsolation(
+            Identities(node=self.node, allow_root=config.allow_root_tasks), cgroups, log=self.log
+        )
+        self.runner.plan_hook = self.isolation.plan
+        self.runner.exit_hook = self.isolation.finished
+        self.coord.admission_hook = self.isolation.admission_refusal
+        self.notifier = Notifier()
+        self.metrics = MetricsServer(config.metrics, self, self.log) if config.metrics else None
         self.cluster.rpc.update(cancel=self.rpc_cancel, explain=self.rpc_explain)
         self.api = ApiServer(config.socket, self._ops(), group=config.socket_group, log=self.log)
         self.started_at = wall_now()
@@ -140,6 +157,8 @@ class Agent:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._recover()
+        await self.isolation.start()
+        self.coord.isolation = self.isolation.kind
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.journal.run)
@@ -154,6 +173,8 @@ class Agent:
                         await self.api.serve(task_status=task_status)
 
                 await nursery.start(serve_api)
+                if self.metrics is not None:
+                    await nursery.start(self.metrics.serve)
                 self.accepting = True
                 self.log.info(
                     "agent.ready",
@@ -163,10 +184,22 @@ class Agent:
                     slots=self.config.slots,
                     shares=self.ledger.shares,
                     queued=len(self.runner.queue),
+                    isolation=self.isolation.kind,
+                )
+                nursery.start_soon(
+                    partial(
+                        self.notifier.run,
+                        joined=self._joined,
+                        join_wait=self.config.join_wait,
+                        status=self.status_line,
+                    )
                 )
                 task_status.started()
                 await self._stop.wait()
                 self.log.info("agent.stopping", running=len(self.runner.running))
+                self.notifier.stopping(
+                    f"stopping: terminating {len(self.runner.running)} tasks (they re-queue)"
+                )
                 self.accepting = False
                 api_scope.cancel()
                 await self.runner.shutdown()
@@ -178,6 +211,21 @@ class Agent:
         finally:
             self.journal.close()
             self.log.info("agent.stopped")
+
+    def _joined(self) -> bool:
+        """For READY: joined a peer, or nothing to join (no seeds, no mDNS)."""
+        if not self.config.seeds and not self.config.mdns:
+            return True
+        return self.cluster.joined_event.is_set()
+
+    def status_line(self) -> str:
+        """systemd's STATUS= (shown by `systemctl status`)."""
+        ms = self.cluster.membership
+        peers = 0 if ms is None else ms.num_live - 1
+        return (
+            f"{peers} peers; {len(self.runner.running)} running, {len(self.runner.queue)} "
+            f"queued; shares {self.ledger.shares}; isolation {self.isolation.kind}"
+        )
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
@@ -242,8 +290,22 @@ class Agent:
             stream={"logs": self.op_logs},
         )
 
+    def _operator(self, cred: PeerCred) -> bool:
+        """Root and the agent's own user see and control every task here."""
+        return cred.uid == 0 or cred.uid == os.getuid()
+
+    def _owns(self, task: m.Task, cred: PeerCred, name: str | None) -> bool:
+        """Whether the caller submitted `task`: by uid at its home node, by user name
+        elsewhere (uids may differ between hosts; names are what tasks run as)."""
+        spec = task.spec
+        if spec.uid is None:
+            return True
+        if spec.home in ("", self.node) or spec.user is None:
+            return spec.uid == cred.uid
+        return spec.user == name
+
     def _authorize(self, task: m.Task, cred: PeerCred) -> None:
-        if cred.uid == 0 or task.spec.uid is None or task.spec.uid == cred.uid:
+        if self._operator(cred) or self._owns(task, cred, _user_name(cred.uid)):
             return
         raise RequestError("permission_denied", f"task {task.id} belongs to another user")
 
@@ -299,6 +361,9 @@ class Agent:
         spec = requests.submit_spec(
             f, uid=cred.uid, user=_user_name(cred.uid), home=self.node, now=wall_now()
         )
+        refusal = self.isolation.identities.submit_refusal(cred.uid, spec.user)
+        if refusal is not None:
+            raise RequestError("permission_denied", refusal)
         existing = self.table.get_cached(spec.id)
         if existing is not None:
             if existing.spec.argv != spec.argv:
@@ -306,6 +371,8 @@ class Agent:
                     "conflict", f"task id {spec.id} already used for another command"
                 )
             return {"id": spec.id, "duplicate": True}
+        if testbreak.broken("drop-acked") and spec.id[-1] in "0123":  # TEST-ONLY: chaos self-test
+            return {"id": spec.id}
         try:
             if spec.is_global:
                 await self.coord.add_global(spec)
@@ -336,6 +403,9 @@ class Agent:
                     : limit - len(finished)
                 ] + finished
             tasks = sorted(finished, key=lambda t: (t.created_at, t.id)) + tasks
+        if not self._operator(cred):  # others' tasks (argv, env) are not yours to see
+            name = _user_name(cred.uid)
+            tasks = [t for t in tasks if self._owns(t, cred, name)]
         tasks = tasks[-limit:]
         return {"tasks": [codec.task_to_wire(t) for t in tasks]}
 

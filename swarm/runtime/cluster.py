@@ -42,6 +42,7 @@ from .net import (
     Addr,
     FaultShim,
     FramedStream,
+    RequestPlan,
     Transport,
     TransportConfig,
     TransportError,
@@ -51,6 +52,8 @@ from .net import (
 RpcHandler = Callable[[dict[str, Any], m.NodeId, FramedStream], Awaitable[dict[str, Any] | None]]
 
 SNAPSHOT_INTERVAL = 30.0
+POOL_PER_PEER = 8  # idle RPC connections kept per peer
+IDLE_CONN_TIMEOUT = 60.0  # a server closes an RPC connection idle this long
 
 
 class ClusterError(Exception):
@@ -98,6 +101,7 @@ class ClusterNode:
         self._send_q_send, self._send_q_recv = trio.open_memory_channel[Outgoing](10_000)
         self.counters: dict[str, int] = {"rpc_in": 0, "rpc_errors": 0, "joins": 0, "discovered": 0}
         self.joined_event = trio.Event()
+        self._pool: dict[Addr, list[FramedStream]] = {}
 
     # ------------------------------------------------------------------ run
 
@@ -358,18 +362,59 @@ class ClusterNode:
     async def request(
         self, node: m.NodeId, obj: dict[str, Any], timeout: float = 5.0
     ) -> dict[str, Any]:
-        """One RPC to a peer by node id. Raises TransportError (unknown node included)."""
+        """One RPC to a peer by node id. Raises TransportError (unknown node included).
+
+        Connections are kept and reused per peer (a TCP connect, handshake and close per
+        request cost more than the request). The transport's fault shim applies here as
+        on `Transport.request`: a dropped request times out, a dropped reply fails.
+        """
         addr = self.address_of(node)
-        if addr is None or self.transport is None:
+        t = self.transport
+        if addr is None or t is None:
             raise TransportError(f"unknown peer {node}")
-        reply = await self.transport.request(
-            addr, {"v": wire.PROTOCOL_VERSION, "from": self.node, **obj}, timeout
-        )
-        if not isinstance(reply, dict):
-            raise TransportError(f"{node}: malformed reply")
-        if reply.get("error"):
-            raise RemoteError(str(reply.get("error")), str(reply.get("message", "")))
-        return reply
+        faults = t.faults
+        plan = faults.plan_request() if faults is not None and faults.active else RequestPlan()
+        msg = {"v": wire.PROTOCOL_VERSION, "from": self.node, **obj}
+        with trio.move_on_after(timeout):
+            await trio.sleep(plan.delay)
+            if plan.drop_request:
+                t.counters["dropped_fault"] += 1
+                await trio.sleep_forever()
+            reply = await self._pooled_call(addr, msg, timeout)
+            if plan.drop_reply:
+                t.counters["dropped_fault"] += 1
+                raise TransportError(f"{node}: reply dropped (fault shim)")
+            if not isinstance(reply, dict):
+                raise TransportError(f"{node}: malformed reply")
+            if reply.get("error"):
+                raise RemoteError(str(reply.get("error")), str(reply.get("message", "")))
+            return reply
+        raise TransportError(f"{node}: request timed out after {timeout}s")
+
+    async def _pooled_call(self, addr: Addr, msg: dict[str, Any], timeout: float) -> Any:
+        t = self.transport
+        assert t is not None
+        idle = self._pool.setdefault(addr, [])
+        for attempt in range(2):
+            fresh = not idle
+            stream = idle.pop() if idle else await t.open_stream(addr, timeout=timeout)
+            try:
+                await stream.send(msg, timeout=timeout)
+                reply = await stream.receive(timeout=timeout)
+            except TransportError:
+                await stream.aclose()
+                if fresh or attempt:
+                    raise
+                continue  # a pooled connection the peer had closed: once more, fresh
+            except BaseException:
+                await stream.aclose()  # cancelled mid-call: the stream is out of step
+                raise
+            if len(idle) < POOL_PER_PEER:
+                idle.append(stream)
+            else:
+                await stream.aclose()
+            return reply
+        raise TransportError(f"{addr[0]}:{addr[1]}: no connection")
 
     async def open_stream(
         self, node: m.NodeId, obj: dict[str, Any], timeout: float = 5.0
@@ -382,41 +427,46 @@ class ClusterNode:
         return s
 
     async def _serve(self, stream: FramedStream, peer: Addr) -> None:
-        try:
-            req = await stream.receive(timeout=10.0)
-        except TransportError:
-            return
-        self.counters["rpc_in"] += 1
-        try:
-            if not isinstance(req, dict):
-                raise wire.SchemaError("rpc: expected a map")
-            wire.check_version(req, "rpc")
-            op = req.get("op")
-            sender = req.get("from")
-            if not isinstance(op, str) or not isinstance(sender, str):
-                raise wire.SchemaError("rpc: missing op or from")
-            handler = self.rpc.get(op)
-            if handler is None:
-                raise wire.SchemaError(f"rpc: unknown op {op!r}")
-            reply = await handler(req, sender, stream)
-        except wire.WireError as e:
-            self.counters["rpc_errors"] += 1
-            reply = {"error": e.code, "message": str(e)}
-        except RemoteError as e:
-            reply = {"error": e.code, "message": e.message}
-        except TransportError:
-            return
-        except Exception as e:
-            self.counters["rpc_errors"] += 1
-            self.log.exception(
-                "cluster.rpc_failed", e, op=str(req.get("op") if isinstance(req, dict) else "")
-            )
-            reply = {"error": "internal", "message": f"{type(e).__name__}: {e}"}
-        if reply is not None:
+        """Serve requests on one connection until the peer closes it (or goes idle);
+        a streaming handler (logs) takes the connection over and ends it."""
+        first = True
+        while True:
+            try:
+                req = await stream.receive(timeout=10.0 if first else IDLE_CONN_TIMEOUT)
+            except TransportError:
+                return
+            first = False
+            self.counters["rpc_in"] += 1
+            try:
+                if not isinstance(req, dict):
+                    raise wire.SchemaError("rpc: expected a map")
+                wire.check_version(req, "rpc")
+                op = req.get("op")
+                sender = req.get("from")
+                if not isinstance(op, str) or not isinstance(sender, str):
+                    raise wire.SchemaError("rpc: missing op or from")
+                handler = self.rpc.get(op)
+                if handler is None:
+                    raise wire.SchemaError(f"rpc: unknown op {op!r}")
+                reply = await handler(req, sender, stream)
+            except wire.WireError as e:
+                self.counters["rpc_errors"] += 1
+                reply = {"error": e.code, "message": str(e)}
+            except RemoteError as e:
+                reply = {"error": e.code, "message": e.message}
+            except TransportError:
+                return
+            except Exception as e:
+                self.counters["rpc_errors"] += 1
+                op_name = str(req.get("op") if isinstance(req, dict) else "")
+                self.log.exception("cluster.rpc_failed", e, op=op_name)
+                reply = {"error": "internal", "message": f"{type(e).__name__}: {e}"}
+            if reply is None:
+                return  # a streaming handler used the connection
             try:
                 await stream.send(reply, timeout=10.0)
             except TransportError:
-                pass
+                return
 
 
 class RemoteError(Exception):

@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 import trio
 
-from .. import codec, wire
+from .. import codec, testbreak, wire
 from .. import model as m
 from ..cluster import handoff as h
 from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpdated, MemberEvent
@@ -88,10 +88,15 @@ class Coordinator:
         self.placing: set[m.TaskId] = set()
         self.arrived: dict[m.TaskId, float] = {}  # when a queued task arrived here (trio time)
         self.pending_cancel: set[m.TaskId] = set()
+        # set by the agent: why a task may not run on this node at all (its user does
+        # not exist here, root tasks are off), and the node's isolation for reports
+        self.admission_hook: Callable[[m.TaskSpec], str | None] | None = None
+        self.isolation = "none"
         self._version = int(time.time() * 1000)
         self._nursery: trio.Nursery | None = None
         self._kick_place = trio.Event()
         self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
+        self._inflight: set[tuple[m.NodeId, h.Request]] = set()
         self._published_at = 0.0
         self._publish_pending = False
         self.min_publish_gap = min(0.25, report_interval)
@@ -210,6 +215,7 @@ class Coordinator:
             psi_cpu=s.psi_cpu,
             psi_mem=s.psi_mem,
             cpus=s.cpus,
+            isolation=self.isolation,
         )
 
     def _usage(self) -> tuple[loadpol.Usage, loadpol.Capacity]:
@@ -405,6 +411,12 @@ class Coordinator:
                 await self._decide(o)
         await self._persist(touched)
         for s in sends:
+            key = (s.dest, s.request)
+            if key in self._inflight:
+                # the same question is still on its way: a retry now would only add load
+                self.counters["handoff_dedup"] = self.counters.get("handoff_dedup", 0) + 1
+                continue
+            self._inflight.add(key)
             self._spawn(self._deliver, s)
 
     def _spawn(self, fn: Any, *args: Any) -> None:
@@ -561,17 +573,17 @@ class Coordinator:
         req = s.request
         reply: h.Reply | None = None
         self.counters["handoff_rpcs"] += 1
-        if self.cluster is not None:
-            try:
+        try:
+            if self.cluster is not None:
                 raw = await self.cluster.request(
                     s.dest, {"op": "handoff", "req": h.request_to_wire(req)}, self.rpc_timeout
                 )
                 reply = h.reply_from_wire(raw.get("reply"))
-            except (TransportError, RemoteError, wire.WireError) as e:
-                self.counters["handoff_rpc_failures"] += 1
-                self.log.debug(
-                    "handoff.rpc_failed", dest=s.dest, kind=type(req).__name__, error=str(e)
-                )
+        except (TransportError, RemoteError, wire.WireError) as e:
+            self.counters["handoff_rpc_failures"] += 1
+            self.log.debug("handoff.rpc_failed", dest=s.dest, kind=type(req).__name__, error=str(e))
+        finally:
+            self._inflight.discard((s.dest, req))
         now = trio.current_time()
         if isinstance(req, (h.Offer, h.Commit, h.Abort, h.Revoke, h.Cancel)):
             outs = self.home.on_reply(s.dest, req, reply, now)
@@ -636,6 +648,8 @@ class Coordinator:
         return {"reply": h.reply_to_wire(reply)}
 
     def _admission_refusal(self, spec: m.TaskSpec) -> str | None:
+        if self.admission_hook is not None and (why := self.admission_hook(spec)):
+            return why
         if spec.id in self.ledger:
             return None
         usage, cap = self._usage()
@@ -654,7 +668,12 @@ class Coordinator:
             return "handoff not settled"
         if task.id not in self.ledger:
             self.ledger.add(task.spec)
-        return self.ledger.refuse_start(task.id)
+        why = self.ledger.refuse_start(task.id)
+        if why is not None and (  # TEST-ONLY: chaos self-test (swarm/testbreak.py)
+            testbreak.broken("ignore-drain" if self.ledger.draining else "oversubscribe")
+        ):
+            return None
+        return why
 
     def on_started(self, task: m.Task) -> None:
         if task.id in self.ledger:
@@ -664,7 +683,14 @@ class Coordinator:
                 self.log.warning("ledger.start", task=task.id, error=str(e))
         self.arrived.pop(task.id, None)
         if task.spec.home != self.node and not task.spec.is_global:
-            self._spawn(self._apply_now, self.guest.started(task.id, trio.current_time()), task.id)
+            # The "running" report waits for the first retry tick (~0.5 s): a short task's
+            # final report makes it unnecessary, which saves an RPC per short task.
+            outs = [
+                o
+                for o in self.guest.started(task.id, trio.current_time())
+                if not (isinstance(o, h.Send) and isinstance(o.request, h.Report))
+            ]
+            self._spawn(self._apply_now, outs, task.id)
 
     def on_finished(self, task: m.Task) -> None:
         """A local run ended: terminal, or back to the queue (shutdown)."""
