@@ -74,6 +74,13 @@ def submit_spec(
     if mem is not None and mem <= 0:
         raise wire.SchemaError(f"submit: mem must be > 0 bytes, got {mem}")
     gpu = f.nested("gpu", codec.gpu_request_from_wire)
+    if gpu is not None:
+        from .policy import gpu as gpupol
+
+        try:
+            gpupol.validate(gpu)
+        except gpupol.GpuRequestError as e:
+            raise wire.SchemaError(f"submit: invalid GPU request: {e}") from None
     migrate = f.enum("migrate", m.MigrateMode, m.MigrateMode.NEVER)
     expected = f.float("expected_runtime", None)
     if expected is not None and expected <= 0:
