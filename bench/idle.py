@@ -132,7 +132,7 @@ def main() -> None:
         "rss < 60 MB": res["rss_mb"]["max"] < 60.0,
         "bytes/s <= memberlist defaults": res["bytes_out_per_s"]["max"] <= memberlist_bound,
     }
-    print(f"{args.agents} agents ({args.profile}), converged in {converge:.1f}s; window {wall:.0f}s")
+    print(f"{args.agents} agents ({args.profile}), converged {converge:.1f}s, window {wall:.0f}s")
     cpu_r = res["cpu_percent"]
     print(f"  CPU per agent: mean {cpu_r['mean']:.2f}% max {cpu_r['max']:.2f}% of a core")
     print(f"  RSS per agent: mean {res['rss_mb']['mean']:.1f} MB max {res['rss_mb']['max']:.1f} MB")
