@@ -659,7 +659,8 @@ class Coordinator:
     # ------------------------------------------------------- runner hooks
 
     def can_start(self, task: m.Task) -> str | None:
-        """Why a queued local task must not start now (None: go)."""
+        """Why a queued local task must not start now (None: go, and its shares are taken:
+        the runner starts every task this gate lets through)."""
         if (
             task.spec.home != self.node
             and not task.spec.is_global
@@ -669,14 +670,20 @@ class Coordinator:
         if task.id not in self.ledger:
             self.ledger.add(task.spec)
         why = self.ledger.refuse_start(task.id)
-        if why is not None and (  # TEST-ONLY: chaos self-test (swarm/testbreak.py)
+        if why is None:
+            # Take the shares at the gate, not in on_started: one dispatch pass lets
+            # several queued tasks through before any of them runs, and each must see
+            # the reservations of those let through before it.
+            self.ledger.start(task.id)
+        elif (  # TEST-ONLY: chaos self-test (swarm/testbreak.py)
             testbreak.broken("ignore-drain" if self.ledger.draining else "oversubscribe")
         ):
             return None
         return why
 
     def on_started(self, task: m.Task) -> None:
-        if task.id in self.ledger:
+        lt = self.ledger.get(task.id)
+        if lt is not None and not lt.running:  # normally taken by can_start already
             try:
                 self.ledger.start(task.id)
             except sh.LedgerError as e:

@@ -120,7 +120,13 @@ class LocalRunner:
                 keep.append(tid)
                 continue
             self.running.add(tid)
-            nursery.start_soon(self._execute, tid)
+            # RUNNING (journaled, hooks told) at the gate's decision, not when the
+            # task's coroutine first runs: a drain or a reservation that arrives in
+            # between must see this start, and the journal must not date it later.
+            task = self.table.change(tid, m.TaskState.RUNNING, "started", node=self.node)
+            if self.on_started is not None:
+                self.on_started(task)
+            nursery.start_soon(self._execute, task)
         keep.extend(self.queue)
         self.queue = keep
 
@@ -149,11 +155,9 @@ class LocalRunner:
             task_id=task.id, argv=spec.argv, env=env, cwd=cwd, stdout=out, stderr=err
         )
 
-    async def _execute(self, tid: m.TaskId) -> None:
+    async def _execute(self, task: m.Task) -> None:
+        tid = task.id
         try:
-            task = self.table.change(tid, m.TaskState.RUNNING, "started", node=self.node)
-            if self.on_started is not None:
-                self.on_started(task)
             plan = self.plan(task)
             if self.plan_hook is not None:
                 plan = self.plan_hook(task, plan)
