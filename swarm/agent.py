@@ -561,13 +561,23 @@ class Agent:
                 raise RequestError(
                     "permission_denied", "only root or the agent's user may change shares"
                 )
-            await self.journal.commit(
-                [
-                    PutKV(SHARES_KEY, value),
-                    *extra,
-                    Event(wall_now(), "shares", None, self.node, {"old": old, "new": value}),
-                ]
-            )
+            if value < old:
+                # A cut (a drain) takes effect before it is journaled: no task may start
+                # while the write is in flight, after the time the journal gives it.
+                self.ledger.set_shares(value)
+            try:
+                await self.journal.commit(
+                    [
+                        PutKV(SHARES_KEY, value),
+                        *extra,
+                        Event(wall_now(), "shares", None, self.node, {"old": old, "new": value}),
+                    ]
+                )
+            except JournalError as e:
+                self.ledger.set_shares(old)
+                raise RequestError(
+                    "journal", f"shares not changed: journal write failed: {e}"
+                ) from None
             if drain and old > 0:
                 self._kv_undrain = old
             self.ledger.set_shares(value)

@@ -6,16 +6,26 @@ executor with real processes) in one trio run, without a cluster.
 
 from __future__ import annotations
 
+import io
 import itertools
+import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from swarm import model as m
+from swarm import wire
+from swarm.agent import Agent
+from swarm.config import load_config
+from swarm.logs import EventLog
 from swarm.policy.shares import ShareLedger
+from swarm.runtime.api import PeerCred
 from swarm.runtime.coordinator import Coordinator
 from swarm.runtime.executor import Executor
+from swarm.runtime.journal import Event as JEvent
 from swarm.runtime.journal import Journal
 from swarm.runtime.runner import LocalRunner
 from swarm.runtime.tasks import TaskTable
@@ -77,3 +87,55 @@ async def test_reservations_queued_together_never_oversubscribe(tmp_path: Path) 
         assert start >= end, f"two 600-share reservations ran at once: {spans}"
     assert peak and max(peak) <= 1024, peak
     assert ledger.reserved == 0 and len(ledger) == 0
+
+
+def _fields(obj: dict[str, object]) -> wire.Fields:
+    return wire.Fields(obj, "test request")
+
+
+async def test_a_drain_is_in_force_while_its_journal_write_is_in_flight(short_tmp: Path) -> None:
+    """Found by the chaos canary: `swarm drain` journaled the change (stamped before the
+    write) and only then set the shares, so a task could start during the write, after
+    the time the journal gives the drain: a start on a drained node, in the journal."""
+    config = load_config(
+        env={},
+        flags={
+            "node-id": "a1", "state-dir": str(short_tmp / "state"),
+            "socket": str(short_tmp / "sock"),
+            "port": 0, "bind": "127.0.0.1", "insecure": True, "mdns": False, "slots": 1,
+            "profile": "local", "join-wait": 0.0, "allow-root-tasks": True,
+        },
+    )  # fmt: skip
+    agent = Agent(config, log=EventLog(stream=io.StringIO()))
+    cred = PeerCred(os.getpid(), os.getuid(), os.getgid())
+    in_flight, release = trio.Event(), trio.Event()
+    real_commit = agent.journal.commit
+
+    async def slow_commit(ops: Iterable[Any], *, must_land: bool = False) -> None:
+        ops = list(ops)
+        if any(isinstance(o, JEvent) and o.kind == "shares" for o in ops):
+            in_flight.set()
+            await release.wait()
+        await real_commit(ops, must_land=must_land)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(agent.run)
+        agent.journal.commit = slow_commit  # type: ignore[method-assign]
+        blocker = await agent.op_submit(_fields({"argv": ["sleep", "0.5"], "cwd": "/"}), cred)
+        waiting = await agent.op_submit(_fields({"argv": ["true"], "cwd": "/"}), cred)
+        with trio.fail_after(30):
+            while agent.table.get_cached(blocker["id"]).state is not m.TaskState.RUNNING:  # type: ignore[union-attr]
+                await trio.sleep(0.02)
+        nursery.start_soon(agent.op_shares, _fields({"drain": True}), cred)
+        await in_flight.wait()
+        # the only slot frees up while the drain's journal write is in flight
+        await agent.table.wait_terminal(blocker["id"])
+        await trio.sleep(0.5)  # the runner's chance to start the waiting task (it must not)
+        t = agent.table.get_cached(waiting["id"])
+        assert t is not None and t.state is m.TaskState.QUEUED, t
+        release.set()
+        await agent.op_shares(_fields({"undrain": True}), cred)
+        with trio.fail_after(30):
+            done = await agent.table.wait_terminal(waiting["id"])
+        assert done.state is m.TaskState.SUCCEEDED
+        agent.request_stop()
