@@ -248,11 +248,19 @@ def scenario_load(
 
 
 def plan_for(n: int, quick: bool) -> dict[str, Any]:
+    """Simulated seconds per scenario. Heavy loss saturates the gossip channel (every
+    node sends full packets), which is what costs wall time at large n."""
+    plan: dict[str, Any]
     if quick:
-        return {"warmup": 5.0, "steady": 5.0, "kills": 2, "loss_s": 30.0, "load": (10.0, 5.0)}
-    if n <= 1000:
-        return {"warmup": 10.0, "steady": 10.0, "kills": 5, "loss_s": 60.0, "load": (20.0, 10.0)}
-    return {"warmup": 10.0, "steady": 10.0, "kills": 3, "loss_s": 40.0, "load": (10.0, 5.0)}
+        plan = {"warmup": 5.0, "steady": 5.0, "kills": 2, "loss_s": (30.0, 20.0)}
+        plan["load"] = (10.0, 5.0)
+    elif n <= 1000:
+        plan = {"warmup": 10.0, "steady": 10.0, "kills": 5, "loss_s": (60.0, 40.0)}
+        plan["load"] = (20.0, 10.0)
+    else:
+        plan = {"warmup": 2.0, "steady": 5.0, "kills": 2, "loss_s": (30.0, 15.0)}
+        plan["load"] = (5.0, 5.0)
+    return plan
 
 
 def run_size(n: int, seed: int, quick: bool, with_load: bool) -> dict[str, Any]:
@@ -262,7 +270,8 @@ def run_size(n: int, seed: int, quick: bool, with_load: bool) -> dict[str, Any]:
     res: dict[str, Any] = {"n": n, "plan": plan, "memberlist": memberlist_formulas(cfg, n)}
     res["membership"] = scenario_membership(n, cfg, seed, plan)
     res["loss"] = [
-        scenario_loss(n, cfg, seed + i + 1, p, plan["loss_s"]) for i, p in enumerate((0.05, 0.20))
+        scenario_loss(n, cfg, seed + i + 1, p, secs)
+        for i, (p, secs) in enumerate(zip((0.05, 0.20), plan["loss_s"], strict=True))
     ]
     if with_load:
         res["load"] = scenario_load(n, cfg, seed + 7, *plan["load"])
@@ -277,100 +286,93 @@ def fmt(x: float, nd: int = 1) -> str:
     return f"{x:.{nd}f}"
 
 
+def at(r: dict[str, Any], path: str) -> Any:
+    """r["a"]["b"][1] for "a.b.1"; nan where a part is missing (e.g. --no-load)."""
+    x: Any = r
+    for part in path.split("."):
+        if isinstance(x, list):
+            x = x[int(part)]
+        elif isinstance(x, dict) and part in x:
+            x = x[part]
+        else:
+            return math.nan
+    return x
+
+
+def both(a: str, b: str, nd: int = 1) -> Any:
+    return lambda r: f"{fmt(at(r, a), nd)} / {fmt(at(r, b), nd)}"
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
-    rows: list[tuple[str, ...]] = []
-    head = ("n", *(str(r["n"]) for r in results))
-
-    def row(label: str, f: Any) -> None:
-        rows.append((label, *(f(r) for r in results)))
-
-    row(
-        "join: s to 99.9% (rounds)",
-        lambda r: (
-            f"{fmt(r['membership']['join']['seconds_99_9'], 2)} ({fmt(r['membership']['join']['rounds_99_9'])})"
+    spec: list[tuple[str, Any]] = [
+        ("join: s to 99.9% of members", lambda r: fmt(at(r, "membership.join.seconds_99_9"), 2)),
+        ("join: gossip rounds to 99.9%", lambda r: fmt(at(r, "membership.join.rounds_99_9"))),
+        (
+            "kill: member median / p99 s",
+            both("membership.kill.per_member_median_s", "membership.kill.per_member_p99_s"),
         ),
-    )
-    row(
-        "kill: member median / p99 s",
-        lambda r: (
-            f"{fmt(r['membership']['kill']['per_member_median_s'])} / {fmt(r['membership']['kill']['per_member_p99_s'])}"
+        (
+            "kill: all members med / max s",
+            both("membership.kill.all_members_median_s", "membership.kill.all_members_max_s"),
         ),
-    )
-    row(
-        "kill: all members med / max s",
-        lambda r: (
-            f"{fmt(r['membership']['kill']['all_members_median_s'])} / {fmt(r['membership']['kill']['all_members_max_s'])}"
+        (
+            "memberlist: expected detection s",
+            lambda r: fmt(at(r, "memberlist.expected_detection_s")),
         ),
-    )
-    row("memberlist expected detection s", lambda r: fmt(r["memberlist"]["expected_detection_s"]))
-    row(
-        "memberlist suspicion min/max s",
-        lambda r: (
-            f"{fmt(r['memberlist']['suspicion_min_s'])} / {fmt(r['memberlist']['suspicion_max_s'])}"
+        (
+            "memberlist: suspicion min / max s",
+            both("memberlist.suspicion_min_s", "memberlist.suspicion_max_s"),
         ),
-    )
+    ]
     for i, p in enumerate(("5%", "20%")):
-        row(
-            f"loss {p}: false dead (nodes)",
-            lambda r, i=i: (
-                f"{r['loss'][i]['false_dead_events']} ({r['loss'][i]['false_dead_nodes']})"
+        spec += [
+            (
+                f"loss {p}: false dead events (nodes)",
+                lambda r, i=i: "{} ({})".format(
+                    at(r, f"loss.{i}.false_dead_events"), at(r, f"loss.{i}.false_dead_nodes")
+                ),
             ),
-        )
-        row(
-            f"loss {p}: false suspicions (/node/min)",
-            lambda r, i=i: (
-                f"{r['loss'][i]['false_suspicions']} ({fmt(r['loss'][i]['false_suspicions_per_node_per_min'], 3)})"
+            (
+                f"loss {p}: false suspicions",
+                lambda r, i=i: str(at(r, f"loss.{i}.false_suspicions")),
             ),
-        )
-    row(
-        "B/s/node membership mean / max",
-        lambda r: (
-            f"{fmt(r['membership']['steady_bytes_per_s']['mean'], 0)} / {fmt(r['membership']['steady_bytes_per_s']['max'], 0)}"
+            (
+                f"loss {p}: .. per node per minute",
+                lambda r, i=i: fmt(at(r, f"loss.{i}.false_suspicions_per_node_per_min"), 3),
+            ),
+        ]
+    spec += [
+        (
+            "B/s/node membership mean / max",
+            both("membership.steady_bytes_per_s.mean", "membership.steady_bytes_per_s.max", 0),
         ),
-    )
-    row(
-        "B/s/node at 20% loss mean / max",
-        lambda r: (
-            f"{fmt(r['loss'][1]['bytes_per_s']['mean'], 0)} / {fmt(r['loss'][1]['bytes_per_s']['max'], 0)}"
+        (
+            "B/s/node at 20% loss mean / max",
+            both("loss.1.bytes_per_s.mean", "loss.1.bytes_per_s.max", 0),
         ),
-    )
-    row(
-        "B/s/node with load mean / max",
-        lambda r: (
-            f"{fmt(r['load']['bytes_per_s']['mean'], 0)} / {fmt(r['load']['bytes_per_s']['max'], 0)}"
-            if "load" in r
-            else "-"
+        ("B/s/node with load mean / max", both("load.bytes_per_s.mean", "load.bytes_per_s.max", 0)),
+        ("load: view coverage %", lambda r: fmt(100 * at(r, "load.load_view_coverage_mean"), 0)),
+        ("load: median / p90 age s", both("load.load_age_median_s", "load.load_age_p90_s")),
+        (
+            "memberlist: B/s bound gossip+probe",
+            lambda r: fmt(at(r, "memberlist.bytes_per_s_bound"), 0),
         ),
-    )
-    row(
-        "load: view coverage, median age s",
-        lambda r: (
-            f"{fmt(100 * r['load']['load_view_coverage_mean'], 0)}%, {fmt(r['load']['load_age_median_s'])}"
-            if "load" in r
-            else "-"
-        ),
-    )
-    row(
-        "memberlist B/s bound (gossip+probe)",
-        lambda r: f"{fmt(r['memberlist']['bytes_per_s_bound'], 0)}",
-    )
-    row("wall s / max RSS MB", lambda r: f"{fmt(r['wall_s'], 0)} / {fmt(r['max_rss_mb'], 0)}")
+        ("wall s / max RSS MB", both("wall_s", "max_rss_mb", 0)),
+    ]
+    head = ("n", *(str(r["n"]) for r in results))
+    rows = [(label, *(f(r) for r in results)) for label, f in spec]
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
-    line = "  ".join("-" * w for w in widths)
-    print(
-        "  ".join(
-            h.rjust(w) if i else h.ljust(w)
-            for i, (h, w) in enumerate(zip(head, widths, strict=True))
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(
+            c.rjust(w) if i else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         )
-    )
-    print(line)
+
+    print(line(head))
+    print("  ".join("-" * w for w in widths))
     for r in rows:
-        print(
-            "  ".join(
-                c.rjust(w) if i else c.ljust(w)
-                for i, (c, w) in enumerate(zip(r, widths, strict=True))
-            )
-        )
+        print(line(r))
 
 
 def main(argv: list[str] | None = None) -> int:

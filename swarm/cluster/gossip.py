@@ -7,9 +7,9 @@ Two jobs, both pure:
   ``mult * ceil(log10(n + 1))`` times, and a newer message about the same subject
   replaces the queued one (invalidation). We add priority *tiers*: membership
   messages always go before application broadcasts, which go before load reports,
-  and load may only use part of a packet. So bandwidth stays bounded by packet size
-  and send rate however many load reports are waiting; load simply gets staler as
-  the cluster grows (knowingly stale).
+  and load may only use part of a packet; within membership, suspicions come last.
+  So bandwidth stays bounded by packet size and send rate however many load reports
+  are waiting; load simply gets staler as the cluster grows (knowingly stale).
 * Merge rules: a member record is a point in a lattice ordered by
   (incarnation, precedence, address); merging is the join (max), hence commutative,
   associative and idempotent. Load reports merge by version. Push-pull softens a
@@ -27,10 +27,14 @@ import attrs
 
 from swarm import model as m
 
-MEMBER_TIER = 0
-APP_TIER = 1
-LOAD_TIER = 2
-N_TIERS = 3
+# Priority tiers of the piggyback queue, highest first. Under saturation (heavy
+# loss: suspicions and refutations everywhere) news that clears or settles a
+# suspicion (alive/refutation, dead, left) goes before news that raises one.
+MEMBER_TIER = 0  # alive (joins, refutations), dead, left
+SUSPECT_TIER = 1  # suspicions and their confirmations
+APP_TIER = 2
+LOAD_TIER = 3
+N_TIERS = 4
 
 _PRECEDENCE: Mapping[m.MemberState, int] = {
     m.MemberState.ALIVE: 0,

@@ -580,17 +580,24 @@ class Membership:
     def bootstrap(self, records: Iterable[m.Member], now: float) -> None:
         """Install a known view quietly (no events, no gossip): a warm start from a
         snapshot, or the simulator's way to start a large converged cluster fast."""
-        fresh = len(self._members) == 1
-        for rec in records:
-            if rec.node == self._me:
-                continue
-            if fresh and rec.state is ALIVE and rec.node not in self._members:
-                self._members[rec.node] = rec
-                self._ring.append(rec.node)
-                self._n_live += 1
-            else:
-                self._apply(rec, "", now, gossip=False, quiet=True)
-        self._rng.shuffle(self._ring)
+        me = self._me
+        if not isinstance(records, list):
+            records = list(records)
+        if len(self._members) == 1:
+            # Fresh node: bulk path for the common case of alive records (the
+            # simulator starts 5,000 nodes with 5,000 records each this way).
+            fresh = {r.node: r for r in records if r.state is ALIVE and r.node != me}
+            rest = [r for r in records if r.state is not ALIVE and r.node != me]
+            self._members.update(fresh)
+            self._ring = list(fresh)
+            self._n_live += len(fresh)
+            # No shuffle (O(n) per node): start the first probe pass at a random
+            # place; every later pass is reshuffled by _reset_ring.
+            self._ring_pos = self._rng.randrange(len(self._ring)) if self._ring else 0
+        else:
+            rest = [r for r in records if r.node != me]
+        for rec in rest:
+            self._apply(rec, "", now, gossip=False, quiet=True)
         self._joined = True
         # Stagger the first push-pull over the interval for today's cluster size.
         interval = g.push_pull_scale(self.config.push_pull_interval, self._n_live)
@@ -857,12 +864,9 @@ class Membership:
     def _enqueue_member(self, rec: m.Member, accuser: NodeId, blob: bytes | None = None) -> None:
         if blob is None:
             blob = self._codec.encode(MemberUpdate(rec, accuser))
+        tier = g.SUSPECT_TIER if rec.state is SUSPECT else g.MEMBER_TIER
         self._queue.enqueue(
-            ("m", rec.node),
-            blob,
-            kind="member",
-            tier=g.MEMBER_TIER,
-            mult=self.config.retransmit_mult,
+            ("m", rec.node), blob, kind="member", tier=tier, mult=self.config.retransmit_mult
         )
 
     # ------------------------------------------------------- state merge
@@ -891,6 +895,10 @@ class Membership:
                 self.stats["merge.stale"] += 1
                 return
             if kr == kc:
+                if rec.cluster == cur.cluster:
+                    # Same content: keep the incoming object, so that records shared
+                    # through the codec cache hit the identity test above next time.
+                    self._members[node] = rec
                 if rec.state is SUSPECT:
                     s = self._suspicions.get(node)
                     if s is not None and s.confirm(accuser):

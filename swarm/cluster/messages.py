@@ -315,8 +315,11 @@ class Codec:
     def __init__(self, cache_size: int = 0) -> None:
         self.cache_size = cache_size
         self._dec: dict[tuple[str, str, bytes], Any] = {}
-        self._enc_member: dict[m.Member, bytes] = {}
-        self._enc_load: dict[m.LoadReport, bytes] = {}
+        # Encode caches are keyed by object identity (records are shared, immutable
+        # objects; hashing an attrs instance runs in Python and showed in profiles).
+        # The entry keeps the object alive, so its id cannot be reused meanwhile.
+        self._enc_member: dict[int, tuple[m.Member, bytes]] = {}
+        self._enc_load: dict[int, tuple[m.LoadReport, bytes]] = {}
 
     # ..... encoding
 
@@ -329,21 +332,25 @@ class Codec:
     def member_blob(self, mb: m.Member) -> bytes:
         if not self.cache_size:
             return _pack(member_to_compact(mb))
-        b = self._enc_member.get(mb)
-        if b is None:
-            if len(self._enc_member) >= self.cache_size:
-                self._enc_member.clear()
-            b = self._enc_member[mb] = _pack(member_to_compact(mb))
+        e = self._enc_member.get(id(mb))
+        if e is not None and e[0] is mb:
+            return e[1]
+        if len(self._enc_member) >= self.cache_size:
+            self._enc_member.clear()
+        b = _pack(member_to_compact(mb))
+        self._enc_member[id(mb)] = (mb, b)
         return b
 
     def load_blob(self, r: m.LoadReport) -> bytes:
         if not self.cache_size:
             return _pack(load_to_compact(r))
-        b = self._enc_load.get(r)
-        if b is None:
-            if len(self._enc_load) >= self.cache_size:
-                self._enc_load.clear()
-            b = self._enc_load[r] = _pack(load_to_compact(r))
+        e = self._enc_load.get(id(r))
+        if e is not None and e[0] is r:
+            return e[1]
+        if len(self._enc_load) >= self.cache_size:
+            self._enc_load.clear()
+        b = _pack(load_to_compact(r))
+        self._enc_load[id(r)] = (r, b)
         return b
 
     def encode_push_pull(

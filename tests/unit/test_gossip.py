@@ -253,3 +253,13 @@ def test_only_tier() -> None:
     assert not q.only_tier(g.LOAD_TIER)
     q.remove("m")
     assert q.only_tier(g.LOAD_TIER)
+
+
+def test_suspicions_yield_to_refutations() -> None:
+    q = g.BroadcastQueue()
+    q.enqueue(("m", "a"), b"s" * 40, kind="member", tier=g.SUSPECT_TIER, mult=4)
+    q.enqueue(("m", "b"), b"r" * 40, kind="member", tier=g.MEMBER_TIER, mult=4)
+    assert [t[0] for t in q.take(42, n_nodes=10)] == [("m", "b")]
+    # the same key moves between tiers: a refutation replaces the queued suspicion
+    q.enqueue(("m", "a"), b"r" * 40, kind="member", tier=g.MEMBER_TIER, mult=4)
+    assert len(q) == 2 and q.tier_len(g.SUSPECT_TIER) == 0
