@@ -147,6 +147,7 @@ class Agent:
         self.api = ApiServer(config.socket, self._ops(), group=config.socket_group, log=self.log)
         self.started_at = wall_now()
         self._kv_undrain = 0  # shares to restore on undrain
+        self._shares_lock = trio.Lock()
         self.accepting = False
         self._stop = trio.Event()
 
@@ -541,6 +542,12 @@ class Agent:
         return {"decisions": self._explain(tid)}
 
     async def op_shares(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        # One change at a time, so that the journal's order of changes is the ledger's
+        # (a drain whose write is slow must not land after the undrain that followed it).
+        async with self._shares_lock:
+            return await self._change_shares(f, cred)
+
+    async def _change_shares(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         value = f.int("shares", None, lo=0, hi=1 << 31)
         drain = f.bool("drain", False)
         undrain = f.bool("undrain", False)

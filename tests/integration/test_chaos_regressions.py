@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 from swarm import model as m
 from swarm import wire
@@ -93,40 +94,61 @@ def _fields(obj: dict[str, object]) -> wire.Fields:
     return wire.Fields(obj, "test request")
 
 
-async def test_a_drain_is_in_force_while_its_journal_write_is_in_flight(short_tmp: Path) -> None:
-    """Found by the chaos canary: `swarm drain` journaled the change (stamped before the
-    write) and only then set the shares, so a task could start during the write, after
-    the time the journal gives the drain: a start on a drained node, in the journal."""
+def _agent(tmp: Path, slots: int = 1) -> Agent:
     config = load_config(
         env={},
         flags={
-            "node-id": "a1", "state-dir": str(short_tmp / "state"),
-            "socket": str(short_tmp / "sock"),
-            "port": 0, "bind": "127.0.0.1", "insecure": True, "mdns": False, "slots": 1,
+            "node-id": "a1", "state-dir": str(tmp / "state"), "socket": str(tmp / "sock"),
+            "port": 0, "bind": "127.0.0.1", "insecure": True, "mdns": False, "slots": slots,
             "profile": "local", "join-wait": 0.0, "allow-root-tasks": True,
         },
     )  # fmt: skip
-    agent = Agent(config, log=EventLog(stream=io.StringIO()))
-    cred = PeerCred(os.getpid(), os.getuid(), os.getgid())
+    return Agent(config, log=EventLog(stream=io.StringIO()))
+
+
+def _hold_share_writes(agent: Agent) -> tuple[trio.Event, trio.Event]:
+    """Make the journal write of the next shares change wait: (in flight, release)."""
     in_flight, release = trio.Event(), trio.Event()
     real_commit = agent.journal.commit
 
     async def slow_commit(ops: Iterable[Any], *, must_land: bool = False) -> None:
         ops = list(ops)
-        if any(isinstance(o, JEvent) and o.kind == "shares" for o in ops):
+        if not in_flight.is_set() and any(
+            isinstance(o, JEvent) and o.kind == "shares" for o in ops
+        ):
             in_flight.set()
             await release.wait()
         await real_commit(ops, must_land=must_land)
 
+    agent.journal.commit = slow_commit  # type: ignore[method-assign]
+    return in_flight, release
+
+
+CRED = PeerCred(os.getpid(), os.getuid(), os.getgid())
+
+
+async def test_a_drain_is_in_force_while_its_journal_write_is_in_flight(short_tmp: Path) -> None:
+    """Found by the chaos canary: `swarm drain` journaled the change (stamped before the
+    write) and only then set the shares, so a task could start during the write, after
+    the time the journal gives the drain: a start on a drained node, in the journal."""
+    agent = _agent(short_tmp)
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run)
-        agent.journal.commit = slow_commit  # type: ignore[method-assign]
-        blocker = await agent.op_submit(_fields({"argv": ["sleep", "0.5"], "cwd": "/"}), cred)
-        waiting = await agent.op_submit(_fields({"argv": ["true"], "cwd": "/"}), cred)
+        in_flight, release = _hold_share_writes(agent)
+        blocker = await agent.op_submit(_fields({"argv": ["sleep", "0.5"], "cwd": "/"}), CRED)
+        waiting = await agent.op_submit(_fields({"argv": ["true"], "cwd": "/"}), CRED)
         with trio.fail_after(30):
-            while agent.table.get_cached(blocker["id"]).state is not m.TaskState.RUNNING:  # type: ignore[union-attr]
+            while (b := agent.table.get_cached(blocker["id"])) is None or (
+                b.state is not m.TaskState.RUNNING
+            ):
                 await trio.sleep(0.02)
-        nursery.start_soon(agent.op_shares, _fields({"drain": True}), cred)
+        drained = trio.Event()
+
+        async def drain() -> None:
+            await agent.op_shares(_fields({"drain": True}), CRED)
+            drained.set()
+
+        nursery.start_soon(drain)
         await in_flight.wait()
         # the only slot frees up while the drain's journal write is in flight
         await agent.table.wait_terminal(blocker["id"])
@@ -134,8 +156,31 @@ async def test_a_drain_is_in_force_while_its_journal_write_is_in_flight(short_tm
         t = agent.table.get_cached(waiting["id"])
         assert t is not None and t.state is m.TaskState.QUEUED, t
         release.set()
-        await agent.op_shares(_fields({"undrain": True}), cred)
+        await drained.wait()
+        await agent.op_shares(_fields({"undrain": True}), CRED)
         with trio.fail_after(30):
             done = await agent.table.wait_terminal(waiting["id"])
         assert done.state is m.TaskState.SUCCEEDED
+        agent.request_stop()
+
+
+async def test_a_slow_drain_does_not_land_after_the_undrain_that_followed_it(
+    short_tmp: Path,
+) -> None:
+    """Found while writing the test above: two share changes ran concurrently, so a
+    drain whose write was slow finished after the undrain that followed it. The node
+    stayed drained in memory while its journal said undrained (and would say so after
+    a restart). Changes are now serialized: the last one asked for is the one in force."""
+    agent = _agent(short_tmp)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(agent.run)
+        in_flight, release = _hold_share_writes(agent)
+        async with trio.open_nursery() as ops:
+            ops.start_soon(agent.op_shares, _fields({"drain": True}), CRED)
+            await in_flight.wait()
+            ops.start_soon(agent.op_shares, _fields({"undrain": True}), CRED)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        assert agent.ledger.shares == 1024
+        assert agent.journal.recover().kv.get("shares") == agent.ledger.shares
         agent.request_stop()
