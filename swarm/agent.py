@@ -589,7 +589,7 @@ class Agent:
                 self._kv_undrain = old
             self.ledger.set_shares(value)
             self.log.info("agent.shares", old=old, new=value, draining=value == 0)
-            self.coord.publish_load()
+            self.coord.shares_changed()
             self.runner.kick()
         return {"shares": self.ledger.shares, "draining": self.ledger.draining}
 

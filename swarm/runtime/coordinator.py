@@ -239,6 +239,12 @@ class Coordinator:
             self._published_at = trio.current_time()
             self.cluster.set_local_load(self.local_report())
 
+    def shares_changed(self) -> None:
+        """This node's shares changed (drain, undrain, `swarm shares`): publish, and let
+        global tasks that a cluster without shares held back start now, not at the timer."""
+        self.publish_load()
+        self._globals_kick.set()
+
     def load_changed(self) -> None:
         """Our queue changed: publish soon (rate-limited), so peers' views stay fresh."""
         if self._publish_pending or self._nursery is None:
@@ -745,7 +751,10 @@ class Coordinator:
     def on_event(self, ev: Event) -> None:
         if isinstance(ev, LoadUpdated):
             if ev.report.node != self.node:
+                prev = self.view.get(ev.report.node)
                 self.view.upsert(ev.report, ev.at)
+                if ev.report.shares > 0 and prev is not None and prev.report.shares <= 0:
+                    self._globals_kick.set()  # a peer undrained: held global tasks may start
                 self._kick_place.set()
                 self._kick_place = trio.Event()
         elif isinstance(ev, MemberEvent):

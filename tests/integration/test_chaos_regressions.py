@@ -14,12 +14,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 import trio.testing
 
 from swarm import model as m
 from swarm import wire
 from swarm.agent import Agent
+from swarm.cluster.membership import LoadUpdated
 from swarm.config import load_config
 from swarm.logs import EventLog
 from swarm.policy.shares import ShareLedger
@@ -184,3 +186,66 @@ async def test_a_slow_drain_does_not_land_after_the_undrain_that_followed_it(
         assert agent.ledger.shares == 1024
         assert agent.journal.recover().kv.get("shares") == agent.ledger.shares
         agent.request_stop()
+
+
+async def _settle_threads(rounds: int = 5) -> None:
+    """Let worker threads (journal writes) and the tasks waiting on them run, without
+    touching trio's clock (the test runs on a clock that never moves)."""
+    for _ in range(rounds):
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.to_thread.run_sync(time.sleep, 0.02)
+
+
+async def test_global_tasks_held_by_a_drained_cluster_start_at_the_undrain(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    """Found by the chaos canary: a global task submitted while every node was drained
+    waited for the globals loop's timer (10 s) after the undrain, on every node. Now a
+    local or a peer's undrain starts it at once. The clock here never moves, so only
+    the undrain itself can start it."""
+    table, runner, _ = _node(tmp_path, shares=0, slots=2)
+    coord = runner.can_start.__self__  # type: ignore[union-attr]
+    assert isinstance(coord, Coordinator)
+    spec = m.TaskSpec(id="tglobal", argv=("true",), is_global=True, home="n1", cwd="/")
+    peer = m.LoadReport(node="n2", version=1, shares=0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(table.journal.run)
+        await nursery.start(runner.run)
+        await nursery.start(coord.run)
+        coord.on_event(LoadUpdated(peer, 0.0))
+        await coord.add_global(spec)
+        await _settle_threads()
+        assert table.get_cached(spec.id) is None  # no node has shares: held back
+        # a peer undrains: its report says so
+        coord.on_event(LoadUpdated(attrs.evolve(peer, version=2, shares=1024), 0.0))
+        for _ in range(100):
+            await _settle_threads(1)
+            if table.get_cached(spec.id) is not None:
+                break
+        t = table.get_cached(spec.id)
+        assert t is not None, "the global task did not start when a peer undrained"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_local_undrain_starts_held_global_tasks(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    table, runner, ledger = _node(tmp_path, shares=0, slots=2)
+    coord = runner.can_start.__self__  # type: ignore[union-attr]
+    assert isinstance(coord, Coordinator)
+    spec = m.TaskSpec(id="tglobal2", argv=("true",), is_global=True, home="n1", cwd="/")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(table.journal.run)
+        await nursery.start(runner.run)
+        await nursery.start(coord.run)
+        await coord.add_global(spec)
+        await _settle_threads()
+        assert table.get_cached(spec.id) is None
+        ledger.set_shares(1024)
+        coord.shares_changed()  # what `swarm undrain` calls
+        for _ in range(100):
+            await _settle_threads(1)
+            if table.get_cached(spec.id) is not None:
+                break
+        assert table.get_cached(spec.id) is not None, "not started at the local undrain"
+        nursery.cancel_scope.cancel()
