@@ -211,6 +211,8 @@ class Agent:
                 nursery.cancel_scope.cancel()
         finally:
             self.journal.close()
+            self.isolation.stop()
+            self.notifier.close()
             self.log.info("agent.stopped")
 
     def _joined(self) -> bool:

@@ -463,6 +463,19 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from .top import fetcher, run
+
+    path = getattr(args, "socket", None)
+    if args.interval <= 0:
+        raise CliError("top: --interval must be > 0", EXIT_USAGE)
+    return run(
+        fetcher(Path(path) if path else default_socket_path()),
+        once=args.once,
+        interval=args.interval,
+    )
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     from .sim.cmd import run_command  # the simulator (and matplotlib) load only here
 
@@ -590,6 +603,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("keygen", cmd_keygen, "print a new cluster key file (first key encrypts, all decrypt)")
 
     add("info", cmd_info, "show the local agent's status")
+
+    tp = add("top", cmd_top, "live view of the nodes and recent tasks (q quits)")
+    tp.add_argument("--once", action="store_true", help="print one frame and exit")
+    tp.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
 
     sm = add(
         "sim",

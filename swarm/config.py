@@ -109,6 +109,7 @@ class Config:
     metrics: str | None
     placement_d: int
     allow_root_tasks: bool
+    isolation: str
     log_format: str
     log_level: str
     join_wait: float

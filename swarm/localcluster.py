@@ -53,6 +53,9 @@ class LocalAgent:
             str(self.state_dir),
             "--socket",
             str(self.socket),
+            # local clusters (tests, demo, benches) are driven by whoever started them:
+            # as root, that is root; later args may still say --no-allow-root-tasks
+            *(["--allow-root-tasks"] if os.geteuid() == 0 else []),
             *self.args,
         ]
 

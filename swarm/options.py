@@ -79,6 +79,13 @@ OPTIONS: tuple[Option, ...] = (
         _one_of("two-choice", "random"),
     ),
     Option("allow-root-tasks", "bool", False, "let root submit tasks that run as root"),
+    Option(
+        "isolation",
+        "str",
+        "auto",
+        "task cgroups: auto (delegated cgroup2, else cgroup1, else none), cgroup2, cgroup1, none",
+        _one_of("auto", "cgroup2", "cgroup1", "none"),
+    ),
     Option("log-format", "str", "logfmt", "stderr log format", _one_of("logfmt", "json")),
     Option("log-level", "str", "info", "log level", _one_of("debug", "info", "warning", "error")),
     Option("join-wait", "float", 5.0, "seconds to wait for peers before READY", _non_negative),

@@ -25,9 +25,17 @@ def default_paths(uid: int) -> tuple[Path, Path]:
     return state, sock
 
 
+SYSTEM_SOCKET = Path("/run/swarm/swarm.sock")
+
+
 def default_socket_path() -> Path:
-    """Where a client looks for the agent when nothing says otherwise."""
+    """Where a client looks for the agent when nothing says otherwise: $SWARM_SOCKET,
+    else the user's own agent if one listens, else the system agent (the systemd
+    service) if there is one, else the user's default path (for the error message)."""
     env = os.environ.get("SWARM_SOCKET")
     if env:
         return Path(env)
-    return default_paths(os.getuid())[1]
+    own = default_paths(os.getuid())[1]
+    if not own.exists() and SYSTEM_SOCKET.exists():
+        return SYSTEM_SOCKET
+    return own

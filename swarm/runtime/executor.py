@@ -41,6 +41,7 @@ class ProcessPlan:
     gid: int | None = None
     groups: tuple[int, ...] | None = None
     cgroup_procs: tuple[Path, ...] = ()  # cgroup.procs files to join before exec
+    umask: int | None = None  # the task's umask (None: inherit the agent's)
 
 
 @attrs.frozen
@@ -57,9 +58,14 @@ class ProcessResult:
         return self.spawn_error is None and self.exit_code == 0 and self.signal is None
 
 
-def _join_cgroups(paths: tuple[Path, ...]) -> Callable[[], None] | None:
+def _join_cgroups(plan: ProcessPlan) -> Callable[[], None] | None:
+    """Join the task's cgroups in the child before exec. Joining needs the agent's
+    privileges, and Popen switches user *before* it calls preexec_fn: so when both
+    are asked for, this function drops privileges itself, after joining."""
+    paths = plan.cgroup_procs
     if not paths:
         return None
+    uid, gid, groups = plan.uid, plan.gid, plan.groups
 
     def preexec() -> None:  # runs in the child between fork and exec
         pid = str(os.getpid()).encode()
@@ -69,6 +75,11 @@ def _join_cgroups(paths: tuple[Path, ...]) -> Callable[[], None] | None:
                 os.write(fd, pid)
             finally:
                 os.close(fd)
+        if uid is not None:
+            os.setgroups(list(groups or ()))
+            if gid is not None:
+                os.setregid(gid, gid)
+            os.setreuid(uid, uid)
 
     return preexec
 
@@ -157,13 +168,15 @@ class Executor:
         except OSError as e:
             return ProcessResult(None, None, spawn_error=f"cannot open log file: {e}")
         kwargs: dict[str, Any] = {}
-        if plan.uid is not None:
+        preexec = _join_cgroups(plan)
+        if preexec is not None:
+            kwargs["preexec_fn"] = preexec  # it also switches user, after joining
+        elif plan.uid is not None:
             kwargs["user"] = plan.uid
             kwargs["group"] = plan.gid
             kwargs["extra_groups"] = list(plan.groups or ())
-        preexec = _join_cgroups(plan.cgroup_procs)
-        if preexec is not None:
-            kwargs["preexec_fn"] = preexec
+        if plan.umask is not None:
+            kwargs["umask"] = plan.umask
         try:
             try:
                 proc = await trio.lowlevel.open_process(
@@ -248,4 +261,6 @@ def _spawn_error(plan: ProcessPlan, e: BaseException) -> str:
         return f"working directory is not a directory: {plan.cwd}"
     if isinstance(e, OSError) and e.errno == errno.E2BIG:
         return "argument list too long"
+    if isinstance(e, subprocess.SubprocessError) and "preexec_fn" in str(e):
+        return "cannot put the process in its cgroup or switch to its user"
     return f"cannot start process: {e}"

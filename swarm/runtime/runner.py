@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -24,12 +24,20 @@ from .tasks import TaskTable
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# Extra hook: the agent may adjust a plan (user switching, cgroups, GPU env).
+# Extra hook: the agent may adjust a plan (user switching, cgroups, GPU env). It raises
+# PlanRefused when the task cannot run here (e.g. its user does not exist): the task fails.
 PlanHook = Callable[[m.Task, ProcessPlan], ProcessPlan]
+# After a run: clean up what the plan hook set up; may explain a failure (e.g. OOM), and
+# that text replaces the generic "killed by signal 9" as the failure's cause.
+ExitHook = Callable[[m.Task, ProcessPlan, ProcessResult], Awaitable["str | None"]]
 # Why a queued task may not start now (None: start it): shares, handoff, drain.
 StartGate = Callable[[m.Task], "str | None"]
 # Told about runs: started (state RUNNING) and ended (terminal, or QUEUED again).
 RunHook = Callable[[m.Task], None]
+
+
+class PlanRefused(Exception):
+    """A plan hook's clear reason why a task cannot run on this node."""
 
 
 class LocalRunner:
@@ -59,6 +67,7 @@ class LocalRunner:
         self.can_start = can_start
         self.on_started = on_started
         self.on_finished = on_finished
+        self.exit_hook: ExitHook | None = None
         self.blocked: dict[m.TaskId, str] = {}  # queued tasks that may not start, and why
         self.queue: deque[m.TaskId] = deque()
         self.running: set[m.TaskId] = set()
@@ -159,8 +168,12 @@ class LocalRunner:
         tid = task.id
         try:
             plan = self.plan(task)
+            refused: str | None = None
             if self.plan_hook is not None:
-                plan = self.plan_hook(task, plan)
+                try:
+                    plan = self.plan_hook(task, plan)
+                except PlanRefused as e:
+                    refused = str(e)
             if task.spec.migrate is not m.MigrateMode.NEVER:
                 self.state_dir_of(tid).mkdir(parents=True, exist_ok=True)
 
@@ -168,11 +181,17 @@ class LocalRunner:
                 self.table.journal.enqueue([PutProc(tid, pid, create_time)])
                 self.log.info("task.process", task=tid, pid=pid)
 
-            result = await self.executor.run(plan, on_started=started)
+            if refused is not None:
+                result = ProcessResult(None, None, spawn_error=refused)
+            else:
+                result = await self.executor.run(plan, on_started=started)
             with trio.CancelScope(shield=True):
+                why: str | None = None
+                if self.exit_hook is not None and refused is None:
+                    why = await self.exit_hook(task, plan, result)
                 if result.pid is not None:
                     self.table.journal.enqueue([DelProc(tid)])
-                await self._record(tid, result)
+                await self._record(tid, result, why)
                 after = self.table.get_cached(tid)
                 if after is not None and self.on_finished is not None:
                     self.on_finished(after)
@@ -185,7 +204,8 @@ class LocalRunner:
             if not self.running:
                 self._idle.set()
 
-    async def _record(self, tid: m.TaskId, r: ProcessResult) -> None:
+    async def _record(self, tid: m.TaskId, r: ProcessResult, why: str | None = None) -> None:
+        """Journal the outcome; `why` (from the exit hook) explains a failure better."""
         S = m.TaskState
         task = self.table.active.get(tid)
         if task is None or task.state is not S.RUNNING:
@@ -212,13 +232,13 @@ class LocalRunner:
             await self.table.change_durably(tid, S.FAILED, r.spawn_error, exit_code=code)
         elif r.signal is not None:
             await self.table.change_durably(
-                tid, S.FAILED, f"killed by signal {r.signal}", signal=r.signal
+                tid, S.FAILED, why or f"killed by signal {r.signal}", signal=r.signal
             )
         elif r.exit_code == 0:
             await self.table.change_durably(tid, S.SUCCEEDED, "exited 0", exit_code=0)
         else:
             await self.table.change_durably(
-                tid, S.FAILED, f"exited {r.exit_code}", exit_code=r.exit_code
+                tid, S.FAILED, why or f"exited {r.exit_code}", exit_code=r.exit_code
             )
 
     # --------------------------------------------------------------- control
