@@ -15,6 +15,7 @@ import os
 import pickle
 import pwd
 import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -185,9 +186,7 @@ def test_memory_limit_kills_with_a_clear_reason_and_cgroups_go(
     a = make_agent("m1")
     _need_cgroups(a)
     hog = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096])"
-    p = a.cli(
-        "submit", "--wait", "--mem", "32M", "--", os.path.realpath(os.sys.executable), "-c", hog
-    )
+    p = a.cli("submit", "--wait", "--mem", "32M", "--", os.path.realpath(sys.executable), "-c", hog)
     assert p.returncode == 128 + 9, p.stderr
     st = json.loads(a.cli("status", "--json", p.stdout.strip()).stdout)
     assert st["state"] == "failed" and st["signal"] == 9
