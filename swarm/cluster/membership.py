@@ -26,6 +26,7 @@ picture and the figures):
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import math
@@ -312,6 +313,10 @@ class Membership:
         self._deferrals: dict[Hashable, int] = {}
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._seq = 0
+        # probe round trips (direct or via helpers): counts per PROBE_RTT_BUCKETS
+        # bucket (the last one: slower), and their sum, for a latency histogram
+        self.probe_rtt: list[int] = [0] * (len(PROBE_RTT_BUCKETS) + 1)
+        self.probe_rtt_sum = 0.0
         self._waiters: dict[int, _Probe | _Relay] = {}
         self._events: list[Event] = []
         self._load: dict[NodeId, LoadEntry] = {}
@@ -657,7 +662,7 @@ class Membership:
         elif isinstance(msg, Ack):
             if reliable and isinstance(self._waiters.get(msg.seq), _Probe):
                 self.stats["probe.tcp_ack"] += 1
-            self._on_ack(msg.seq, out)
+            self._on_ack(msg.seq, out, now)
         elif isinstance(msg, Nack):
             w = self._waiters.get(msg.seq)
             if isinstance(w, _Probe):
@@ -733,10 +738,13 @@ class Membership:
         self._timers.set(("probe_timeout", seq), now + self._scaled(cfg.probe_timeout))
         self._timers.set(("probe_end", seq), now + self._scaled(cfg.probe_interval))
 
-    def _on_ack(self, seq: int, out: list[Outgoing]) -> None:
+    def _on_ack(self, seq: int, out: list[Outgoing], now: float) -> None:
         w = self._waiters.pop(seq, None)
         if isinstance(w, _Probe):
             w.acked = True
+            rtt = max(0.0, now - w.start)
+            self.probe_rtt[bisect.bisect_left(PROBE_RTT_BUCKETS, rtt)] += 1
+            self.probe_rtt_sum += rtt
             self._timers.cancel(("probe_timeout", seq))
             if self._lifeguard:
                 self._awareness.apply(-1)
@@ -1170,6 +1178,9 @@ class Membership:
                 self._count_out("push_pull", payload, reliable=True)
                 out.append(Outgoing(dest, payload, True))
 
+
+# Upper bounds (seconds) of the probe round-trip histogram's buckets.
+PROBE_RTT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 _IN_KEYS = {t: ("in." + k, "in." + k + ".bytes") for t, k in MESSAGE_KIND.items()}
 _OUT_KEYS = {k: ("out." + k, "out." + k + ".bytes") for k in MESSAGE_KIND.values()}

@@ -596,6 +596,7 @@ class TaskIsolation:
                 p = Path(state)
                 p.mkdir(parents=True, exist_ok=True)
                 os.chown(p, ident.uid, ident.gid)
+                p.parent.chmod(0o711)  # reachable by each task's user, not listable
         try:
             group = self.cgroups.create(task.id, limits_of(task.spec))
         except OSError as e:

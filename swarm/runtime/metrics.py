@@ -160,6 +160,7 @@ class AgentCollector:
             peers.add_metric([state], n)
         yield peers
         yield from _gossip(ms.stats if ms is not None else {})
+        yield _probe_rtt(ms.probe_rtt if ms is not None else [], ms.probe_rtt_sum if ms else 0.0)
 
         # ------------------------------------------------------ transport
         tr = a.cluster.transport
@@ -215,6 +216,25 @@ def _gossip(st: Any) -> Iterator[Any]:
     ):
         probes.add_metric([outcome], st.get(key, 0))
     yield probes
+
+
+def _probe_rtt(counts: list[int], total: float) -> Any:
+    """Membership's per-bucket probe round-trip counts as a Prometheus histogram."""
+    from prometheus_client.core import HistogramMetricFamily
+
+    from ..cluster.membership import PROBE_RTT_BUCKETS
+
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for i, le in enumerate((*PROBE_RTT_BUCKETS, float("inf"))):
+        running += counts[i] if i < len(counts) else 0
+        buckets.append(("+Inf" if le == float("inf") else repr(le), running))
+    return HistogramMetricFamily(
+        "swarm_probe_rtt_seconds",
+        "failure-detector probe round trips (direct or through helpers)",
+        buckets=buckets,
+        sum_value=total,
+    )
 
 
 def _transport(c: dict[str, int]) -> Iterator[Any]:

@@ -75,10 +75,12 @@ def test_metrics_endpoint_is_scraped_and_parsed(make_agent: AgentFactory) -> Non
         "swarm_dropped_packets",
         "swarm_api_requests",
         "swarm_journal_commits",
+        "swarm_probe_rtt_seconds",
     }
     assert expected <= set(families), expected - set(families)
     assert families["swarm_task_transitions"].type == "counter"
     assert families["swarm_tasks"].type == "gauge"
+    assert families["swarm_probe_rtt_seconds"].type == "histogram"
     # no high-cardinality labels: never a task id or a peer name as a label value
     values = _samples(text)
     for (_, labels), _v in values.items():
@@ -159,3 +161,25 @@ def test_json_log_lines(make_agent: AgentFactory) -> None:
     events = [json.loads(ln) for ln in a.log_text().splitlines() if ln.strip()]
     assert all({"ts", "level", "event", "node"} <= set(e) for e in events)
     _check_task_events(events, {tid})
+
+
+def test_probe_rtt_histogram_fills_once_there_is_a_peer(make_agent: AgentFactory) -> None:
+    a = make_agent("r1", "--bind", "127.0.0.1", "--metrics", "127.0.0.1:0")
+    make_agent("r2", "--bind", "127.0.0.1", "--seeds", f"127.0.0.1:{a.port}")
+    addr = _metrics_addr(a)
+    deadline = time.monotonic() + 30
+    count = 0.0
+    while time.monotonic() < deadline:
+        s = _samples(_scrape(addr)[2])
+        count = s.get(("swarm_probe_rtt_seconds_count", ()), 0.0)
+        if count >= 3 and s[("swarm_peers", (("state", "alive"),))] == 2:
+            break
+        time.sleep(0.2)
+    assert count >= 3
+    inf = s[("swarm_probe_rtt_seconds_bucket", (("le", "+Inf"),))]
+    assert inf == count and 0 < s[("swarm_probe_rtt_seconds_sum", ())] < count * 5.0
+    gossip_out = s[("swarm_gossip_bytes_total", (("direction", "out"),))]
+    assert (
+        gossip_out > 0
+        and s[("swarm_gossip_messages_total", (("direction", "in"), ("kind", "ping")))] > 0
+    )

@@ -231,6 +231,7 @@ async def test_cgroup2_task_group_limits_oom_and_cleanup(tmp_path: Path) -> None
     assert (plan.uid, plan.gid, plan.groups, plan.umask) == (2001, 2001, (2001, 3000), 0o022)
     assert plan.env["HOME"] == "/custom" and plan.env["USER"] == "alice"  # the submitter's HOME
     assert os.stat(tmp_path / "task-state/t1").st_uid == 2001
+    assert os.stat(tmp_path / "task-state").st_mode & 0o777 == 0o711
     assert cg.settings(ti.groups["t1"]) == {"cpu.weight": "250", "memory.max": str(64 << 20)}
     assert (group / "memory.swap.max").read_text() == "0"
     assert (group / "memory.oom.group").read_text() == "1"
