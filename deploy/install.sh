@@ -70,6 +70,10 @@ else
   say "could not link /usr/local/bin/swarm (read-only /usr?): use $venv/bin/swarm"
 fi
 
+if [ -f "$here/../docs/operations.md" ]; then
+  install -D -m 0644 "$here/../docs/operations.md" "$prefix/share/doc/swarm/operations.md"
+fi
+
 # -------------------------------------------------- users, directories
 install -D -m 0644 "$here/sysusers.d/swarm.conf" /etc/sysusers.d/swarm.conf
 systemd-sysusers /etc/sysusers.d/swarm.conf
@@ -99,7 +103,8 @@ fi
 
 # ---------------------------------------------------------------- the unit
 unit=/etc/systemd/system/swarm-agent.service
-sed "s#/opt/swarm/venv/bin/swarm#$venv/bin/swarm#" "$here/swarm-agent.service" > "$unit.new"
+sed -e "s#/opt/swarm/venv/bin/swarm#$venv/bin/swarm#" -e "s#/opt/swarm/share/#$prefix/share/#" \
+  "$here/swarm-agent.service" > "$unit.new"
 chmod 0644 "$unit.new"
 mv "$unit.new" "$unit"
 systemctl daemon-reload
