@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import attrs
 import trio
 
 from . import __version__, codec, requests, testbreak, wire
@@ -20,12 +21,14 @@ from . import model as m
 from .config import Config, ConfigError
 from .crypto import Keyring, KeyringError
 from .logs import EventLog
+from .policy import gpu as gpupol
 from .policy import shares as sh
 from .policy import transfer as tr
+from .runtime import gpu as gpu_runtime
 from .runtime.api import ApiServer, Ops, PeerCred, RequestError
 from .runtime.cluster import ClusterNode, RemoteError
 from .runtime.coordinator import Coordinator
-from .runtime.executor import Executor, kill_orphan
+from .runtime.executor import Executor, ProcessPlan, kill_orphan
 from .runtime.isolation import Identities, IsolationError, TaskIsolation
 from .runtime.isolation import detect as detect_cgroups
 from .runtime.journal import DelProc, Event, Journal, JournalError, PutKV
@@ -85,6 +88,16 @@ class Agent:
         self.table = TaskTable(self.journal, self.node, self.log)
         self.executor = Executor(kill_grace=config.kill_grace, log=self.log)
         self.ledger = sh.ShareLedger(config.shares)
+        try:
+            self.gpu_inventory = gpu_runtime.discover(config.gpus, config.node_id)
+        except gpupol.GpuConfigError as e:
+            raise ConfigError(f"gpus ({e.key})", str(e)) from None
+        self.log.info(
+            "gpu.inventory",
+            source=self.gpu_inventory.source,
+            devices=len(self.gpu_inventory.devices),
+            **({"note": self.gpu_inventory.note} if self.gpu_inventory.note else {}),
+        )
         self.rng = random.Random()
         self.cluster = ClusterNode(
             node=self.node,
@@ -126,8 +139,13 @@ class Agent:
             transfer_config=transfer_config(config.profile),
             placement_rule=config.placement,
             transfer=config.transfer,
+            gpu_devices=self.gpu_inventory.devices,
+            gpu_policy=config.gpu_policy,
+            mps=config.mps,
             rng=self.rng,
         )
+        self.runner.plan_hook = self._plan_hook
+        self.plan_hooks: list[Callable[[m.Task, ProcessPlan], ProcessPlan]] = []
         self.runner.can_start = self.coord.can_start
         self.runner.on_started = self.coord.on_started
         self.runner.on_finished = self.coord.on_finished
@@ -138,7 +156,7 @@ class Agent:
         self.isolation = TaskIsolation(
             Identities(node=self.node, allow_root=config.allow_root_tasks), cgroups, log=self.log
         )
-        self.runner.plan_hook = self.isolation.plan
+        self.plan_hooks.append(self.isolation.plan)
         self.runner.exit_hook = self.isolation.finished
         self.coord.admission_hook = self.isolation.admission_refusal
         self.notifier = Notifier()
@@ -150,6 +168,15 @@ class Agent:
         self._shares_lock = trio.Lock()
         self.accepting = False
         self._stop = trio.Event()
+
+    def _plan_hook(self, task: m.Task, plan: ProcessPlan) -> ProcessPlan:
+        """Adjust a task's process plan: its GPU slice, then the other hooks."""
+        gpu_env = self.coord.gpu_env(task)
+        if gpu_env:
+            plan = attrs.evolve(plan, env={**plan.env, **gpu_env})
+        for hook in self.plan_hooks:
+            plan = hook(task, plan)
+        return plan
 
     # ---------------------------------------------------------------- life
 
@@ -249,8 +276,8 @@ class Agent:
         undrain = rec.kv.get(UNDRAIN_KEY)
         if isinstance(undrain, int) and undrain > 0:
             self._kv_undrain = undrain
-        self.coord.restore(rec.kv)
         self.table.load(rec.active)
+        self.coord.restore(rec.kv)
         requeued = 0
         S = m.TaskState
         for t in rec.active:

@@ -23,6 +23,7 @@ from .. import model as m
 from ..cluster import handoff as h
 from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpdated, MemberEvent
 from ..logs import EventLog
+from ..policy import gpu as gpupol
 from ..policy import load as loadpol
 from ..policy import placement as pl
 from ..policy import shares as sh
@@ -58,6 +59,9 @@ class Coordinator:
         transfer_config: tr.TransferConfig | None = None,
         placement_rule: str = "two-choice",
         transfer: bool = True,
+        gpu_devices: tuple[gpupol.GpuDevice, ...] = (),
+        gpu_policy: str = "binpack",
+        mps: bool = False,
         rng: random.Random | None = None,
     ) -> None:
         self.node = node
@@ -83,6 +87,9 @@ class Coordinator:
         self.flex = loadpol.FlexState.initial(self.flex_cfg)
         self.peak = loadpol.PeakEstimator()
         self.transfer = tr.TransferPolicy(node, transfer_config)
+        self.gpus = gpupol.GpuAllocator(gpu_devices)
+        self.gpu_policy = gpu_policy
+        self.mps = mps
         self.globals = sh.GlobalTasks()
         self.explains: dict[m.TaskId, list[dict[str, Any]]] = {}
         self.placing: set[m.TaskId] = set()
@@ -119,6 +126,7 @@ class Coordinator:
 
     def restore(self, kv: dict[str, Any]) -> None:
         now = wall_now()
+        gpu_records: list[tuple[m.TaskId, Any]] = []
         for key, value in kv.items():
             try:
                 if key.startswith("home:"):
@@ -134,8 +142,31 @@ class Coordinator:
                     self.globals = sh.GlobalTasks.from_wire(value)
                 elif key.startswith("explain:"):
                     self.explains[key[8:]] = list(value)
+                elif key.startswith("gpu:"):
+                    gpu_records.append((key[4:], value))
             except (wire.WireError, TypeError, ValueError, IndexError) as e:
                 self.log.error("coordinator.bad_state", key=key, error=str(e))
+        self._restore_gpus(gpu_records)
+
+    def _restore_gpus(self, records: list[tuple[m.TaskId, Any]]) -> None:
+        """Journaled GPU allocations of tasks still active come back (a re-queued task
+        restarts on the same devices); those of finished tasks are released."""
+        allocs = []
+        for tid, rec in records:
+            t = self.table.active.get(tid)
+            try:
+                a = gpupol.Allocation.from_record(rec)
+            except (gpupol.GpuAllocationError, TypeError, ValueError) as e:
+                self.log.error("gpu.bad_record", task=tid, error=str(e))
+                self.journal.enqueue([DelKV("gpu:" + tid)])
+                continue
+            if t is None:
+                self.journal.enqueue([DelKV("gpu:" + tid)])
+                continue
+            allocs.append(a)
+        for tid, why in self.gpus.restore(allocs):
+            self.log.warning("gpu.restore_refused", task=tid, reason=why)
+            self.journal.enqueue([DelKV("gpu:" + tid)])
 
     def _persist_ops(self, task_ids: Iterable[m.TaskId]) -> list[Any]:
         ops: list[Any] = []
@@ -216,6 +247,7 @@ class Coordinator:
             psi_mem=s.psi_mem,
             cpus=s.cpus,
             isolation=self.isolation,
+            gpus=self.gpus.summary(),
         )
 
     def _usage(self) -> tuple[loadpol.Usage, loadpol.Capacity]:
@@ -322,6 +354,11 @@ class Coordinator:
                     or tid in self.ledger
                 ):
                     return
+                if self.gpus.get(tid) is not None:
+                    # it holds a GPU slice here from before a restart: run it here again
+                    self._record_explain(tid, {"outcome": "runs here: holds its GPU slice"})
+                    self._enqueue_local(t)
+                    return
                 now = trio.current_time()
                 if not retry.ready(now):
                     with trio.move_on_after(retry.not_before - now):
@@ -340,7 +377,9 @@ class Coordinator:
                     continue
                 if p.target == self.node:
                     usage, cap = self._usage()
-                    adm = pl.admit(t.spec, self.ledger, self.flex, usage, cap)
+                    adm = pl.admit(
+                        t.spec, self.ledger, self.flex, usage, cap, gpus=self.gpus.summary()
+                    )
                     if adm.ok:
                         rec["outcome"] = "runs here: " + adm.reason
                         self._record_explain(tid, rec)
@@ -550,6 +589,7 @@ class Coordinator:
         except ValueError:
             pass
         self.ledger.remove(tid)
+        self.release_gpu(tid)
         self.arrived.pop(tid, None)
         if t is not None and t.spec.home != self.node:
             self.table.forget(tid)
@@ -599,7 +639,9 @@ class Coordinator:
 
     async def _handoff_tick_loop(self) -> None:
         while True:
-            await trio.sleep(0.2)
+            # retries are due only while something is in flight: idle nodes wake rarely
+            busy = self.guest.entries or any(True for _ in self.home.busy())
+            await trio.sleep(0.2 if busy else 1.0)
             now = trio.current_time()
             outs = self.home.tick(now) + self.guest.tick(now)
             if outs:
@@ -659,7 +701,7 @@ class Coordinator:
         if spec.id in self.ledger:
             return None
         usage, cap = self._usage()
-        adm = pl.admit(spec, self.ledger, self.flex, usage, cap)
+        adm = pl.admit(spec, self.ledger, self.flex, usage, cap, gpus=self.gpus.summary())
         return None if adm.ok else adm.reason
 
     # ------------------------------------------------------- runner hooks
@@ -676,6 +718,8 @@ class Coordinator:
         if task.id not in self.ledger:
             self.ledger.add(task.spec)
         why = self.ledger.refuse_start(task.id)
+        if why is None and task.spec.gpu is not None:
+            why = self._allocate_gpu(task)
         if why is None:
             # Take the shares at the gate, not in on_started: one dispatch pass lets
             # several queued tasks through before any of them runs, and each must see
@@ -686,6 +730,37 @@ class Coordinator:
         ):
             return None
         return why
+
+    def _allocate_gpu(self, task: m.Task) -> str | None:
+        assert task.spec.gpu is not None
+        if self.gpus.get(task.id) is not None:
+            return None
+        try:
+            if self.gpu_policy == "spread":
+                a = self.gpus.allocate(task.id, task.spec.gpu, "spread")
+            else:
+                a = self.gpus.allocate(task.id, task.spec.gpu, "binpack")
+        except (gpupol.GpuRequestError, gpupol.GpuAllocationError) as e:
+            return f"gpu request cannot be met here: {e}"
+        if a is None:
+            core, mem = gpupol.largest_free_slice(self.gpus.summary())
+            return f"waiting for a GPU slice (largest free {core}% core, {mem} bytes)"
+        self.journal.enqueue([PutKV("gpu:" + task.id, a.to_record())])
+        self.log.info("gpu.allocated", task=task.id, devices=",".join(map(str, a.indices)))
+        self.load_changed()
+        return None
+
+    def release_gpu(self, tid: m.TaskId) -> None:
+        if self.gpus.release(tid) is not None:
+            self.journal.enqueue([DelKV("gpu:" + tid)])
+            self.log.info("gpu.released", task=tid)
+
+    def gpu_env(self, task: m.Task) -> dict[str, str]:
+        """CUDA_VISIBLE_DEVICES and friends for a task that holds a GPU allocation."""
+        a = self.gpus.get(task.id)
+        if a is None:
+            return {}
+        return gpupol.env_for(a, self.gpus.devices, self.mps)
 
     def on_started(self, task: m.Task) -> None:
         lt = self.ledger.get(task.id)
@@ -717,6 +792,7 @@ class Coordinator:
             self.guest.requeued(task.id)
             return
         self.ledger.remove(task.id)
+        self.release_gpu(task.id)
         self.load_changed()
         if task.spec.home != self.node and not task.spec.is_global:
             rep = h.Report(
@@ -770,6 +846,7 @@ class Coordinator:
             elif ev.kind is EventKind.JOINED:
                 self._kick_place.set()
                 self._kick_place = trio.Event()
+                self._globals_kick.set()
         elif isinstance(ev, AppMessage) and ev.key == GLOBALS_KEY:
             self._merge_globals(ev.payload)
         elif isinstance(ev, AppState):
@@ -781,7 +858,7 @@ class Coordinator:
 
     async def _transfer_loop(self) -> None:
         while True:
-            await trio.sleep(self.transfer.cfg.round_interval / 2)
+            await trio.sleep(self.transfer.cfg.round_interval)
             if self.cluster is None:
                 continue
             now = trio.current_time()
@@ -900,7 +977,8 @@ class Coordinator:
         if self.cluster is not None:
             self.cluster.set_app_state({GLOBALS_KEY: self.globals.to_wire()})
         while True:
-            with trio.move_on_after(1.0):
+            # gossip and local changes kick this; the timer catches joins of the view
+            with trio.move_on_after(10.0 if self.globals.members else 30.0):
                 await self._globals_kick.wait()
             self._globals_kick = trio.Event()
             await self._sync_globals()
