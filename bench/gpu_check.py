@@ -21,8 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarm.localcluster import LocalAgent  # noqa: E402
-from swarm.runtime.gpu import discover  # noqa: E402
+from swarm.localcluster import LocalAgent
+from swarm.runtime.gpu import discover
 
 HERE = Path(__file__).resolve().parent
 
