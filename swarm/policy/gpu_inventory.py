@@ -194,7 +194,7 @@ def _cfg_label(key: str, value: Any) -> str:
 
 
 def devices_from_config(tables: Any, node: str) -> tuple[GpuDevice, ...]:
-    """GpuDevice values from the agent config's `[[gpu]]` tables (for hosts and tests
+    """GpuDevice values from the agent config's `[[gpus]]` tables (for hosts and tests
     without NVML). Keys: id or index, uuid (optional: "GPU-fake-<node>-<index>"),
     minor (default: index), memory ("80GiB" or bytes, required), numa, pcie_switch,
     nvlink_group (hyphenated spellings accepted). Unknown keys are errors so that a
