@@ -443,6 +443,8 @@ class Membership:
         return out
 
     def tick(self, now: float) -> list[Outgoing]:
+        """Run every timer due by `now` (probes, suspicions, push-pull, ...) and a
+        gossip round if one is due."""
         out: list[Outgoing] = []
         flagged_late = False
         while (item := self._timers.pop_due(now)) is not None:
@@ -470,6 +472,8 @@ class Membership:
     def receive(
         self, src: Addr, payload: bytes, now: float, reliable: bool = False
     ) -> list[Outgoing]:
+        """Handle one datagram (or reliable payload) from `src`. Never raises: bad,
+        foreign or unexpected input is dropped and counted in `stats` ("drop.*")."""
         out: list[Outgoing] = []
         st = self.stats
         try:
@@ -947,6 +951,7 @@ class Membership:
         elif node in self._suspicions:
             del self._suspicions[node]
             self._timers.cancel(("suspect", node))
+            self._deferrals.pop(("suspect", node), None)
         if not is_live:
             self._load.pop(node, None)
             self._queue.remove(("l", node))
