@@ -5,6 +5,7 @@ policy/ and cluster/, I/O in runtime/.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import random
@@ -722,7 +723,9 @@ def _attrs_dict(obj: Any) -> dict[str, Any]:
     return attrs.asdict(obj) if attrs.has(type(obj)) else {}
 
 
+@functools.lru_cache(maxsize=4096)
 def _user_name(uid: int) -> str | None:
+    """Cached: a passwd lookup can cost a millisecond (NSS), once per submit adds up."""
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:

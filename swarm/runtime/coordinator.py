@@ -104,6 +104,7 @@ class Coordinator:
         self._kick_place = trio.Event()
         self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
         self._inflight: set[tuple[m.NodeId, h.Request]] = set()
+        self._needs: dict[m.TaskId, pl.Needs] = {}  # per task, for queue_view
         self._published_at = 0.0
         self._publish_pending = False
         self.min_publish_gap = min(0.25, report_interval)
@@ -311,7 +312,13 @@ class Coordinator:
             if t is None or t.state is not S.QUEUED:
                 continue
             pinned = t.spec.is_global or (t.spec.home != self.node and not self.guest.may_run(tid))
-            out.append(tr.QueuedTask.of(t.spec, self.arrived.get(tid, now), pinned=pinned))
+            needs = self._needs.get(tid)
+            if needs is None or len(self._needs) > 100_000:
+                if len(self._needs) > 100_000:
+                    self._needs.clear()
+                needs = self._needs[tid] = pl.Needs.of(t.spec)
+            arrived = self.arrived.get(tid, now)
+            out.append(tr.QueuedTask(tid, needs, t.spec.submitted_at, arrived, pinned))
         return out
 
     # ----------------------------------------------------------- placement
@@ -770,6 +777,7 @@ class Coordinator:
             except sh.LedgerError as e:
                 self.log.warning("ledger.start", task=task.id, error=str(e))
         self.arrived.pop(task.id, None)
+        self._needs.pop(task.id, None)
         if task.spec.home != self.node and not task.spec.is_global:
             # The "running" report waits for the first retry tick (~0.5 s): a short task's
             # final report makes it unnecessary, which saves an RPC per short task.
