@@ -169,6 +169,7 @@ class Agent:
         self._shares_lock = trio.Lock()
         self.accepting = False
         self._stop = trio.Event()
+        self._outside_signal: int | None = None
 
     def _plan_hook(self, task: m.Task, plan: ProcessPlan) -> ProcessPlan:
         """Adjust a task's process plan: its GPU slice, then the other hooks."""
@@ -185,6 +186,7 @@ class Agent:
         self._stop.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._catch_outside_signals()
         self._recover()
         await self.isolation.start()
         self.coord.isolation = self.isolation.kind
@@ -260,9 +262,27 @@ class Agent:
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+            if self._outside_signal is not None:  # arrived during start-up
+                self.log.info("agent.signal", signal=signal.Signals(self._outside_signal).name)
+                self.request_stop()
             async for sig in sigs:
                 self.log.info("agent.signal", signal=signal.Signals(sig).name)
                 self.request_stop()
+
+    def _catch_outside_signals(self) -> None:
+        """SIGTERM/SIGINT while trio's receiver is not installed (start-up, and the
+        end of shutdown, when trio restores the previous handler and re-raises the
+        signals it had not handed out) must not kill the agent half-way: remember
+        them instead. A stop requested during start-up happens once it listens."""
+
+        def remember(signum: int, frame: object) -> None:
+            self._outside_signal = signum
+
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, remember)
+        except ValueError:  # not the main thread (an agent inside a test): nothing to do
+            pass
 
     def _recover(self) -> None:
         """Bring the journal's view back to a consistent, runnable state."""
@@ -553,13 +573,26 @@ class Agent:
         t = await self._task(f)
         f.done()
         self._authorize(t, cred)
-        if t.spec.home not in ("", self.node):
+        if t.spec.home not in ("", self.node) and not t.spec.is_global:
             r = await self.cluster.request(t.spec.home, {"op": "explain", "id": t.id}, timeout=5.0)
             return {"task": codec.task_to_wire(t), "decisions": r.get("decisions", [])}
-        return {"task": codec.task_to_wire(t), "decisions": self._explain(t.id)}
+        return {"task": codec.task_to_wire(t), "decisions": await self._explain_all(t)}
 
-    def _explain(self, tid: m.TaskId) -> list[dict[str, Any]]:
-        out = list(self.coord.explains.get(tid, []))
+    async def _explain_all(self, t: m.Task) -> list[dict[str, Any]]:
+        """The home's decisions, plus why the executing node has not started it yet."""
+        out = await self._explain(t.id)
+        if t.node not in ("", self.node) and not t.state.terminal:
+            try:
+                r = await self.cluster.request(
+                    t.node, {"op": "explain", "id": t.id, "local": True}, timeout=3.0
+                )
+                out += [{**d, "node": t.node} for d in r.get("decisions", [])]
+            except (TransportError, RemoteError) as e:
+                out.append({"at": wall_now(), "outcome": f"cannot ask {t.node}: {e}"})
+        return out
+
+    async def _explain(self, tid: m.TaskId) -> list[dict[str, Any]]:
+        out = await self.coord.explain(tid)
         blocked = self.runner.blocked.get(tid)
         if blocked:
             out.append({"at": wall_now(), "outcome": "queued here, not started: " + blocked})
@@ -569,7 +602,13 @@ class Agent:
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
     ) -> dict[str, Any]:
         tid = requests.check_task_id(req.get("id"))
-        return {"decisions": self._explain(tid)}
+        if req.get("local"):
+            return {"decisions": await self._explain(tid)}
+        try:
+            t = await self.table.get(tid)
+        except UnknownTask:
+            return {"decisions": await self._explain(tid)}
+        return {"decisions": await self._explain_all(t)}
 
     async def op_shares(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         # One change at a time, so that the journal's order of changes is the ledger's

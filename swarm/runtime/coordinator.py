@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -31,14 +32,19 @@ from ..policy import transfer as tr
 from ..policy.view import LoadView
 from .cluster import ClusterNode, RemoteError
 from .journal import DelKV, Journal, PutKV
+from .journal import Event as JEvent
 from .net import TransportError
 from .runner import LocalRunner
 from .sampler import HostSample, Sampler
 from .tasks import TaskTable, UnknownTask, wall_now
 
+if TYPE_CHECKING:
+    from .migrator import Migrator
+
 S = m.TaskState
 GLOBALS_KEY = "globals"
 TOMB_TTL = 600.0  # seconds a guest tombstone is kept
+EXPLAIN_CACHE = 10_000  # tasks whose decisions stay in memory
 
 
 class Coordinator:
@@ -91,7 +97,7 @@ class Coordinator:
         self.gpu_policy = gpu_policy
         self.mps = mps
         self.globals = sh.GlobalTasks()
-        self.explains: dict[m.TaskId, list[dict[str, Any]]] = {}
+        self.explains: OrderedDict[m.TaskId, list[dict[str, Any]]] = OrderedDict()
         self.placing: set[m.TaskId] = set()
         self.arrived: dict[m.TaskId, float] = {}  # when a queued task arrived here (trio time)
         self.pending_cancel: set[m.TaskId] = set()
@@ -99,6 +105,8 @@ class Coordinator:
         # not exist here, root tasks are off), and the node's isolation for reports
         self.admission_hook: Callable[[m.TaskSpec], str | None] | None = None
         self.isolation = "none"
+        self.criu = False  # a working CRIU here (set by the agent at start-up)
+        self.migrator: Migrator | None = None  # set by the agent
         self._version = int(time.time() * 1000)
         self._nursery: trio.Nursery | None = None
         self._kick_place = trio.Event()
@@ -141,8 +149,6 @@ class Coordinator:
                         self.tomb_at[key[5:]] = at
                 elif key == GLOBALS_KEY:
                     self.globals = sh.GlobalTasks.from_wire(value)
-                elif key.startswith("explain:"):
-                    self.explains[key[8:]] = list(value)
                 elif key.startswith("gpu:"):
                     gpu_records.append((key[4:], value))
             except (wire.WireError, TypeError, ValueError, IndexError) as e:
@@ -248,6 +254,7 @@ class Coordinator:
             psi_mem=s.psi_mem,
             cpus=s.cpus,
             isolation=self.isolation,
+            criu=self.criu,
             gpus=self.gpus.summary(),
         )
 
@@ -312,6 +319,8 @@ class Coordinator:
             if t is None or t.state is not S.QUEUED:
                 continue
             pinned = t.spec.is_global or (t.spec.home != self.node and not self.guest.may_run(tid))
+            if not pinned and self.migrator is not None:
+                pinned = self.migrator.holds_state(t)  # its checkpoint is here, not there
             needs = self._needs.get(tid)
             if needs is None or len(self._needs) > 100_000:
                 if len(self._needs) > 100_000:
@@ -330,11 +339,23 @@ class Coordinator:
         self._nursery.start_soon(self._place_task, tid)
 
     def _record_explain(self, tid: m.TaskId, rec: dict[str, Any]) -> None:
+        """Keep a decision for `swarm explain`: in memory for recent tasks, and as an
+        append-only journal event (read back for older tasks and after a restart)."""
         rec = {"at": wall_now(), **rec}
-        lst = self.explains.setdefault(tid, [])
+        lst = self.explains.get(tid)
+        if lst is None:
+            lst = self.explains[tid] = []
+            while len(self.explains) > EXPLAIN_CACHE:
+                self.explains.popitem(last=False)
         lst.append(rec)
         del lst[:-20]
-        self.journal.enqueue([PutKV("explain:" + tid, lst)])
+        self.journal.enqueue([JEvent(rec["at"], "decision", tid, self.node, rec)])
+
+    async def explain(self, tid: m.TaskId) -> list[dict[str, Any]]:
+        cached = self.explains.get(tid)
+        if cached is not None:
+            return list(cached)
+        return await self.journal.events_for(tid, "decision")
 
     def _enqueue_local(self, task: m.Task, front: bool = False) -> None:
         if task.id not in self.ledger:
@@ -430,12 +451,13 @@ class Coordinator:
     async def offer_home_task(self, tid: m.TaskId, target: m.NodeId) -> tuple[bool, str]:
         """Offer a task whose home is here (held here) to `target`; wait for the outcome."""
         t = self.table.active.get(tid)
-        if t is None or t.state is not S.QUEUED or t.node != self.node:
+        if t is None or t.state not in (S.QUEUED, S.MIGRATING) or t.node != self.node:
             return False, "not queued here"
         e = self.home.entries.get(tid)
         if e is not None and e.phase is not h.HomePhase.LOCAL:
             return False, f"handoff busy ({e.phase.value})"
-        self.table.change(tid, S.TRANSFERRING, f"offering to {target}", node=self.node)
+        if t.state is S.QUEUED:  # a MIGRATING task stays so until committed or failed
+            self.table.change(tid, S.TRANSFERRING, f"offering to {target}", node=self.node)
         outs = self.home.offer(t.spec, target, trio.current_time())
         done = trio.Event()
         result: list[tuple[bool, str]] = []
@@ -507,10 +529,12 @@ class Coordinator:
             self.table.change(t.id, S.QUEUED, "back home", node=self.node)
             self._enqueue_local(self.table.active[t.id])
             return
-        if t.state is S.TRANSFERRING:
-            self.table.change(t.id, S.QUEUED, f"handed off to {o.node}", node=o.node)
+        if t.state in (S.TRANSFERRING, S.MIGRATING):
+            how = "migrated to" if t.state is S.MIGRATING else "handed off to"
+            self.table.change(t.id, S.QUEUED, f"{how} {o.node}", node=o.node)
             self._count_in_view(o.node, t.spec)
             self.ledger.remove(t.id)
+            self.release_gpu(t.id)
             self.load_changed()
             self.arrived.pop(t.id, None)
             self._offer_outcome(t.id, True, "")
@@ -526,7 +550,8 @@ class Coordinator:
             return
         e = self.home.entries.get(o.task_id)
         where = e.where if e is not None else self.node
-        if t.state is S.TRANSFERRING:
+        if t.state in (S.TRANSFERRING, S.MIGRATING):
+            # a migrating task restarts where it was, from the checkpoint it kept there
             self.table.change(t.id, S.QUEUED, f"offer to {o.node} failed: {o.reason}", node=where)
         if where == self.node:
             if t.id in self.pending_cancel:
@@ -577,6 +602,9 @@ class Coordinator:
         if e is None:
             return
         t = self.table.active.get(tid)
+        if t is not None and t.state is S.MIGRATING:
+            # the home did not carry out our move: run it here again, from its checkpoint
+            t = self.table.change(tid, S.QUEUED, "move not carried out: runs here again")
         if t is None or t.state is not S.QUEUED:
             task = m.new_task(e.spec, wall_now(), self.node, cause=f"accepted from {e.home}")
             self.table.replace(task)
@@ -600,12 +628,17 @@ class Coordinator:
         self.arrived.pop(tid, None)
         if t is not None and t.spec.home != self.node:
             self.table.forget(tid)
+        if self.migrator is not None:
+            self.migrator.on_left(tid)  # its state dir, if any, is not needed here now
 
     async def _on_kill(self, tid: m.TaskId) -> None:
         if tid in self.runner.running:
             await self.runner.cancel(tid)
             return
         t = self.table.active.get(tid)
+        if t is not None and t.state is S.MIGRATING and self.migrator is not None:
+            await self.migrator.cancel(tid, "cancelled by home")
+            return
         if t is not None and t.state is S.QUEUED:
             try:
                 self.runner.queue.remove(tid)
@@ -695,6 +728,11 @@ class Coordinator:
                 self.table.change(
                     t.id, S.TRANSFERRING, f"moving from {sender} to {r.target}", node=sender
                 )
+            elif reply.ok and t is not None and t.state is S.RUNNING:
+                # a running task's holder stopped it to move it (checkpoint, restart, CRIU)
+                self.table.change(
+                    t.id, S.MIGRATING, f"migrating from {sender} to {r.target}", node=sender
+                )
         elif isinstance(r, h.Report):
             reply, outs = self.home.on_report(sender, r)
         else:  # pragma: no cover - request_from_wire returns only the types above
@@ -778,6 +816,8 @@ class Coordinator:
                 self.log.warning("ledger.start", task=task.id, error=str(e))
         self.arrived.pop(task.id, None)
         self._needs.pop(task.id, None)
+        if self.migrator is not None:
+            self.migrator.on_started(task)
         if task.spec.home != self.node and not task.spec.is_global:
             # The "running" report waits for the first retry tick (~0.5 s): a short task's
             # final report makes it unnecessary, which saves an RPC per short task.
@@ -789,7 +829,15 @@ class Coordinator:
             self._spawn(self._apply_now, outs, task.id)
 
     def on_finished(self, task: m.Task) -> None:
-        """A local run ended: terminal, or back to the queue (shutdown)."""
+        """A local run ended: terminal, back to the queue (shutdown), or stopped to move."""
+        if task.state is S.MIGRATING:
+            lt = self.ledger.get(task.id)
+            if lt is not None and lt.running:
+                self.ledger.stop(task.id)  # stays here (queued weight) until it has moved
+            self.guest.requeued(task.id)
+            if self.migrator is not None:
+                self.migrator.on_stopped(task)
+            return
         if task.state is S.QUEUED:
             if (
                 task.id in self.ledger
@@ -802,6 +850,8 @@ class Coordinator:
         self.ledger.remove(task.id)
         self.release_gpu(task.id)
         self.load_changed()
+        if self.migrator is not None:
+            self.migrator.on_ended(task)
         if task.spec.home != self.node and not task.spec.is_global:
             rep = h.Report(
                 task.id,

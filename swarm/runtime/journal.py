@@ -355,6 +355,24 @@ class Journal:
 
         return await trio.to_thread.run_sync(read, limiter=self._rlimit)
 
+    async def events_for(self, task_id: m.TaskId, kind: str, limit: int = 50) -> list[Any]:
+        """The `data` of a task's events of one kind, oldest first."""
+
+        def read() -> list[Any]:
+            rows = self._rconn.execute(
+                "SELECT data FROM events WHERE task_id=? AND kind=? ORDER BY seq DESC LIMIT ?",
+                (task_id, kind, limit),
+            ).fetchall()
+            out = []
+            for (data,) in reversed(rows):
+                try:
+                    out.append(json.loads(data))
+                except (TypeError, ValueError):
+                    continue
+            return out
+
+        return await trio.to_thread.run_sync(read, limiter=self._rlimit)
+
     async def recent_terminal(self, limit: int) -> list[m.Task]:
         def read() -> list[m.Task]:
             rows = self._rconn.execute(
