@@ -1,0 +1,1213 @@
+"""The six experiments of `swarm sim NAME`: each runs, plots and explains itself.
+
+Every experiment returns a `report.Outcome` (tables, figures, prose with the figures it
+measured, and the checks the issue asks for) and writes NAME.csv, NAME.png and NAME.md
+into the output directory. Sizes default to a few tens of seconds each on one core;
+`nodes` and `tasks` override them. Time is in units of the mean service time S.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+
+from swarm.policy import migration as mig
+from swarm.policy.transfer import TransferConfig
+
+from . import balls as balls_mod
+from . import plots
+from .calibrate import measure_load_age
+from .engine import (
+    FRONTEND,
+    NODE,
+    Board,
+    GossipAge,
+    Jsq,
+    LeastLoaded,
+    MigrationSpec,
+    PowerOfD,
+    SimConfig,
+    SimResult,
+    Strategy,
+    simulate,
+)
+from .flexsim import FLEX, LRF, FlexResult, FlexSimConfig, flex_config, run_flex
+from .gpusim import GpuSimConfig, run_gpu
+from .report import Outcome, Table
+from .workloads import (
+    BoundedPareto,
+    Exponential,
+    ServiceDist,
+    hetero_nodes,
+    poisson,
+    uniform_nodes,
+)
+
+
+@attrs.frozen
+class Params:
+    out: Path
+    nodes: int | None = None
+    tasks: int | None = None
+    seed: int = 1
+
+
+# ------------------------------------------------------------------ shared settings
+
+PARETO = BoundedPareto(alpha=1.1, ratio=1000.0, mean=1.0)
+EXPO = Exponential(1.0)
+
+# The policies' timers, scaled to the mean service time S (the agent's defaults are in
+# seconds for tasks of minutes; here one round per S/2 keeps 10,000 nodes affordable).
+NET_DELAY = 0.005
+TICK = 0.5
+TRANSFER = TransferConfig(
+    round_interval=TICK,
+    probe_timeout=0.05,
+    task_cooldown=0.2,
+    switch_cooldown=0.2,
+    accept_hold=0.05,
+)
+SENDER_ONLY = attrs.evolve(TRANSFER, wm_low=1e9, wm_high=2e9, wm_band=0.0)
+RECEIVER_ONLY = attrs.evolve(TRANSFER, wm_low=-2.0, wm_high=-1.0, wm_band=0.0)
+GOSSIP = GossipAge(period=1.0, delay=0.05)
+MIGRATION = mig.MigrationConfig(
+    margin=1.5,
+    cooldown=1.0,
+    max_moves=3,
+    rate=0.5,
+    burst=2.0,
+    max_report_age=5.0,
+    max_cluster=8,
+)
+
+
+def migration_spec(pause: float = 0.05) -> MigrationSpec:
+    return MigrationSpec(config=MIGRATION, interval=0.5, pause=pause)
+
+
+def _run(cfg: SimConfig, rate: float, service: ServiceDist, count: int, seed: int) -> SimResult:
+    """One run; the workload's own rng depends only on `seed`, so every policy compared
+    at the same seed sees the same arrivals and service times."""
+    return simulate(cfg, poisson(rate, service, random.Random(seed * 1000 + 7), count=count))
+
+
+def mm1_mean(rho: float) -> float:
+    return 1.0 / (1.0 - rho)
+
+
+def mmc_mean(rho: float, c: int) -> float:
+    """Mean response time of M/M/c with service rate 1 per server (Erlang C)."""
+    a = rho * c
+    term = 1.0
+    total = 1.0
+    for k in range(1, c):
+        term *= a / k
+        total += term
+    last = term * a / c / (1.0 - rho)
+    p_wait = last / (total + last)
+    return 1.0 + p_wait / (c * (1.0 - rho))
+
+
+def supermarket_mean(lam: float, d: int = 2, terms: int = 60) -> float:
+    """Mean time in system of the supermarket model's fixed point (n -> infinity):
+    sum over i >= 1 of s_i / lam, s_i = lam^((d^i - 1)/(d - 1))."""
+    total = 0.0
+    for i in range(1, terms):
+        e = (d**i - 1) // (d - 1)
+        s = lam**e
+        if s < 1e-15:
+            break
+        total += s
+    return total / lam
+
+
+def _timed(fn: Callable[[Params], Outcome]) -> Callable[[Params], Outcome]:
+    def wrapper(p: Params) -> Outcome:
+        t0 = time.perf_counter()
+        o = fn(p)
+        o.seconds = time.perf_counter() - t0
+        o.write(p.out)
+        return o
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+# ------------------------------------------------------------------ 1. balls
+
+
+@_timed
+def balls(p: Params) -> Outcome:
+    """Max load of m = n unit tasks: random vs d = 2 vs d = 3, with the theory."""
+    top = p.nodes or 100_000
+    ns = [n for n in (100, 300, 1000, 3000, 10_000, 30_000, 100_000) if n <= top]
+    if top not in ns:
+        ns.append(top)
+    rows = []
+    ok = True
+    for n in ns:
+        reps = max(1, min(5, 30_000 // n))
+        loads: dict[int, list[int]] = {1: [], 2: [], 3: []}
+        for d in (1, 2, 3):
+            for r in range(reps):
+                rng = random.Random(p.seed * 100_003 + n * 7 + r * 13 + d)
+                loads[d].append(balls_mod.throw(n, n, d, rng).max_load)
+        t1, t2, t3 = (
+            balls_mod.theory_random(n),
+            balls_mod.theory_d(n, 2),
+            balls_mod.theory_d(n, 3),
+        )
+        ok = ok and max(loads[2]) <= t2 + 1.0
+        rows.append(
+            (
+                n,
+                reps,
+                sum(loads[1]) / reps,
+                max(loads[1]),
+                sum(loads[2]) / reps,
+                max(loads[2]),
+                sum(loads[3]) / reps,
+                max(loads[3]),
+                t1,
+                t2,
+                t3,
+            )
+        )
+    table = Table.of(
+        [
+            "n",
+            "runs",
+            "random mean",
+            "random max",
+            "d=2 mean",
+            "d=2 max",
+            "d=3 mean",
+            "d=3 max",
+            "ln n/ln ln n",
+            "ln ln n/ln 2",
+            "ln ln n/ln 3",
+        ],
+        rows,
+    )
+    xs = [float(r[0]) for r in rows]
+    plots.lines(
+        p.out / "balls.png",
+        [
+            plots.Series("random (measured)", xs, table.column("random mean"), "o-"),
+            plots.Series("d=2 (measured)", xs, table.column("d=2 mean"), "s-"),
+            plots.Series("d=3 (measured)", xs, table.column("d=3 mean"), "^-"),
+            plots.Series("ln n / ln ln n", xs, table.column("ln n/ln ln n"), "--", 1),
+            plots.Series("ln ln n / ln 2", xs, table.column("ln ln n/ln 2"), "--", 1),
+            plots.Series("ln ln n / ln 3", xs, table.column("ln ln n/ln 3"), ":", 1),
+        ],
+        title="Balls into bins through place(): max load, m = n",
+        xlabel="n (bins = tasks)",
+        ylabel="maximum load",
+        logx=True,
+    )
+    last = rows[-1]
+    return Outcome(
+        name="balls",
+        title="1. Balls into bins: power of d choices",
+        setup=f"""
+m = n unit tasks are placed one at a time by `policy.placement.place` from a
+submitter that runs nothing (its drained local report is never a candidate), so
+exactly d peers are sampled and the least loaded of them takes the task; d = 1 is
+uniform random. The view is fresh (each task's effect is posted before the next is
+placed), as in the classical analysis. n = {xs[0]:.0f} to {xs[-1]:.0f}; small n are
+averaged over up to 5 runs ("max" is the largest over the runs).
+""",
+        tables=[("balls", table)],
+        figures=[("balls.png", "Maximum load vs n, measured (solid) and theory (dashed)")],
+        findings=f"""
+**What it shows.** One random choice gives a maximum load that keeps growing with n
+(at n = {last[0]:,} it was {last[2]:g} on average); two choices flatten it to
+{last[4]:g} and three to {last[6]:g}. The theory's leading terms are
+ln n / ln ln n = {last[8]:.2f} and ln ln n / ln d = {last[9]:.2f} (d = 2),
+{last[10]:.2f} (d = 3). Measured d = 2 sits within +1 of ln ln n / ln 2 at every n:
+the O(1) term of Azar, Broder, Karlin and Upfal (1994). The random curve is above
+its leading term because ln n / ln ln n drops lower-order terms that are large at
+these n (the exact asymptote is Gamma^-1(n)); the gap is the known one, not a
+swarm artefact.
+""",
+        checks={"d = 2 within +1 of ln ln n / ln 2 for every n up to the largest": ok},
+    )
+
+
+# ------------------------------------------------------------------ 2. staleness
+
+STALE_T = (0.0, 1.0, 2.0, 5.0, 10.0)
+
+
+@_timed
+def staleness(p: Params) -> Outcome:
+    """Mitzenmacher's bulletin board: mean time in system vs the board's period T."""
+    n = p.nodes or 100
+    count = p.tasks or 20_000
+    lam = 0.9
+    pols: list[tuple[str, Strategy]] = [
+        ("random", PowerOfD(1)),
+        ("d=2", PowerOfD(2)),
+        ("d=3", PowerOfD(3)),
+        ("least-loaded", LeastLoaded()),
+    ]
+    res: dict[tuple[str, float], float] = {}
+    for period in STALE_T:
+        for label, strat in pols:
+            cfg = SimConfig(
+                nodes=uniform_nodes(n),
+                placement=strat,
+                staleness=Board(period),
+                origin=FRONTEND,
+                seed=p.seed,
+                warmup=20.0,
+            )
+            res[(label, period)] = _run(cfg, lam * n, EXPO, count, p.seed).mean
+    rows = [tuple([T] + [res[(lb, T)] for lb, _ in pols]) for T in STALE_T]
+    table = Table.of(["T"] + [lb for lb, _ in pols], rows)
+    plots.lines(
+        p.out / "staleness.png",
+        [plots.Series(lb, list(STALE_T), [res[(lb, T)] for T in STALE_T]) for lb, _ in pols],
+        title=f"Stale load information: n = {n}, load {lam}, exponential service",
+        xlabel="board period T (mean service times)",
+        ylabel="mean time in system",
+        logy=True,
+        hline=(mm1_mean(lam), "M/M/1 (random, theory)"),
+    )
+    t5 = 5.0
+    ll5, r5, d25 = res[("least-loaded", t5)], res[("random", t5)], res[("d=2", t5)]
+    sm = supermarket_mean(lam)
+    # What the age model stands for: the real membership core's load ages.
+    ages = [measure_load_age(k, seed=p.seed, duration=20.0, warmup=8.0) for k in (50, 100, 200)]
+    atable = Table.of(
+        ["nodes", "report every s", "mean age s", "p50", "p90", "p99", "delay s", "coverage"],
+        [
+            (a.nodes, a.report_interval, a.mean, a.p50, a.p90, a.p99, a.dissemination, a.coverage)
+            for a in ages
+        ],
+    )
+    a100 = ages[1]
+    return Outcome(
+        name="staleness",
+        title="2. Staleness: how useful is old information?",
+        setup=f"""
+Mitzenmacher's bulletin-board model ("How useful is old information?", IEEE TPDS
+2000): n = {n} single-server FIFO nodes, Poisson arrivals at total rate
+{lam} n, exponential service (mean 1). Every T mean service times the board posts
+every node's load at once; between posts placers read the frozen board
+(**staleness model: `Board(T)`**, T = 0 is fresh). Tasks come from a front end
+(`place` with a drained local node, so d peers compete). random, d = 2 and d = 3 are
+`place(d)`; least-loaded is the reference baseline that takes the minimum of the
+board. {count:,} tasks per run, the first 20 time units not measured; the same
+arrivals for every policy.
+""",
+        tables=[("staleness", table), ("gossip_age", atable)],
+        figures=[("staleness.png", "Mean time in system vs board period T (log scale)")],
+        findings=f"""
+**What it shows.** With fresh information least-loaded is best
+({res[("least-loaded", 0.0)]:.2f}) and d = 2 close ({res[("d=2", 0.0)]:.2f}; the
+supermarket fixed point for n -> infinity is {sm:.2f}). As the board ages,
+least-loaded herds: every placer sends its tasks to the same few nodes that looked
+empty at the last post. At T = 5 it takes {ll5:.1f} against {r5:.1f} for random
+(M/M/1 theory: {mm1_mean(lam):.0f}), while d = 2 stays at {d25:.2f}. This is
+Mitzenmacher's result: with old information the full minimum is worse than no
+information, while sampling two choices keeps most of its benefit; d = 3 is better
+than d = 2 when information is fresh and degrades faster as it ages (it herds a
+little more). swarm's placer is `place(d=2)` for this reason.
+
+**How old is gossip really?** The second table runs swarm's real SWIM core
+(`cluster.membership` over `sim.gossipnet`, LAN timers: gossip every
+{a100.gossip_interval:g} s to 3 peers) with every node publishing its load each
+second, as the agent does, and reads the observers' load views. At 100 nodes a
+peer's report is {a100.mean:.1f} s old on average (p99 {a100.p99:.1f} s): the report
+interval plus about {a100.dissemination:.1f} s of dissemination, growing slowly with
+n. In the age model that is `GossipAge(period=1 s, delay={a100.dissemination:.1f} s)`;
+for tasks of a minute, T is about {a100.mean / 60:.2f} mean service times, far below
+the T = 1 that the `load`, `transfer` and `shares` experiments use on purpose (their
+results are pessimistic about staleness). The real core's tail is longer than the
+model's (a report can miss a few gossip rounds).
+
+**Versus the published figures.** Mitzenmacher's simulations (n = 100, lambda =
+0.9) show the same ordering and the same crossing: least-loaded overtakes random
+for T of a few service times, and d = 2 remains below both throughout. The values
+here differ somewhat because swarm's load index counts queued plus running tasks
+(his: the queue length, the same thing here) and ties are broken at random.
+""",
+        checks={
+            "least-loaded worse than random at T = 5": ll5 > r5,
+            "d = 2 better than both random and least-loaded at T = 5": d25 < min(r5, ll5),
+        },
+    )
+
+
+# ------------------------------------------------------------------ 3. load
+
+LOAD_U = (0.5, 0.7, 0.8, 0.9, 0.95)
+
+
+def load_config(
+    curve: str,
+    nodes: int,
+    seed: int,
+    *,
+    migration_pause: float = 0.05,
+    slots: int = 2,
+) -> SimConfig:
+    """One curve of `load`: random | d2 | d2+transfer | d2+transfer+migration | jsq.
+
+    Nodes: one core, up to `slots` tasks time-share it, the rest wait FIFO. swarm's
+    curves place from the node the task arrives at (local node fresh, 2 peers from
+    gossip); random and JSQ place from a front end.
+    """
+    base = SimConfig(
+        nodes=uniform_nodes(nodes, cores=1.0, slots=slots),
+        staleness=GOSSIP,
+        net_delay=NET_DELAY,
+        seed=seed,
+        warmup=20.0,
+    )
+    if curve == "random":
+        return attrs.evolve(base, placement=PowerOfD(1), origin=FRONTEND)
+    if curve == "jsq":
+        return attrs.evolve(base, placement=Jsq(), origin=FRONTEND)
+    cfg = attrs.evolve(base, placement=PowerOfD(2), origin=NODE)
+    if curve == "d2":
+        return cfg
+    cfg = attrs.evolve(cfg, transfer=TRANSFER, tick=TICK, transfer_cost=0.01)
+    if curve == "d2+transfer":
+        return cfg
+    if curve == "d2+transfer+migration":
+        return attrs.evolve(cfg, migration=migration_spec(migration_pause))
+    raise ValueError(f"unknown load curve {curve!r}")
+
+
+MIG_U = 0.7
+MIG_COSTS = (0.05, 0.3, 1.0)
+LOAD_CURVES = ("random", "d2", "d2+transfer", "d2+transfer+migration", "jsq")
+CURVE_LABEL = {
+    "random": "random",
+    "d2": "d=2 (stale gossip)",
+    "d2+transfer": "d=2 + transfer",
+    "d2+transfer+migration": "d=2 + transfer + migration",
+    "jsq": "JSQ (fresh, ideal)",
+}
+
+
+@_timed
+def load(p: Params) -> Outcome:
+    """Mean and p99 response time vs utilisation, Pareto service, as ratios to JSQ;
+    plus when migration pays."""
+    n = p.nodes or 100
+    count = p.tasks or 12_000
+    res: dict[tuple[str, float], SimResult] = {}
+    for u in LOAD_U:
+        for c in LOAD_CURVES:
+            res[(c, u)] = _run(load_config(c, n, p.seed), u * n, PARETO, count, p.seed)
+    rows = []
+    for u in LOAD_U:
+        ideal = res[("jsq", u)]
+        row: list[object] = [u]
+        for c in LOAD_CURVES:
+            r = res[(c, u)]
+            row += [r.mean, r.p99] if c == "jsq" else [r.mean / ideal.mean, r.p99 / ideal.p99]
+        rows.append(tuple(row))
+    headers = ["utilisation"]
+    for c in LOAD_CURVES:
+        if c == "jsq":
+            headers += ["JSQ mean", "JSQ p99"]
+        else:
+            headers += [f"{c} mean/JSQ", f"{c} p99/JSQ"]
+    table = Table.of(headers, rows)
+    extra = Table.of(
+        ["utilisation", "curve", "mean", "p99", "transfers", "migrations", "probes"],
+        [
+            (
+                u,
+                c,
+                res[(c, u)].mean,
+                res[(c, u)].p99,
+                res[(c, u)].transfers,
+                res[(c, u)].migrations,
+                res[(c, u)].transfer_stats.probes,
+            )
+            for u in LOAD_U
+            for c in LOAD_CURVES
+        ],
+    )
+    us = list(LOAD_U)
+    plots.lines(
+        p.out / "load.png",
+        [
+            plots.Series(CURVE_LABEL[c] + " mean", us, [res[(c, u)].mean for u in us], "o-")
+            for c in LOAD_CURVES
+        ]
+        + [
+            plots.Series(CURVE_LABEL[c] + " p99", us, [res[(c, u)].p99 for u in us], "x--", 1)
+            for c in ("random", "d2+transfer", "jsq")
+        ],
+        title=f"Response time vs utilisation: n = {n}, bounded Pareto service",
+        xlabel="utilisation",
+        ylabel="response time (mean service times)",
+        logy=True,
+    )
+
+    # When does migration pay? Heavy tails vs exponential, cheap vs expensive moves.
+    mn = min(n, 64)
+    mcount = max(2000, count // 2)
+    mrows = []
+    pays: dict[tuple[str, float], float] = {}
+    for dist_name, dist in (("Pareto", PARETO), ("exponential", EXPO)):
+        off = _run(load_config("d2+transfer", mn, p.seed), MIG_U * mn, dist, mcount, p.seed)
+        for pause in MIG_COSTS:
+            cfg = load_config("d2+transfer+migration", mn, p.seed, migration_pause=pause)
+            on = _run(cfg, MIG_U * mn, dist, mcount, p.seed)
+            pays[(dist_name, pause)] = on.mean / off.mean
+            mrows.append(
+                (
+                    dist_name,
+                    pause,
+                    off.mean,
+                    on.mean,
+                    on.mean / off.mean,
+                    on.p99 / off.p99,
+                    on.migrations / on.arrivals,
+                )
+            )
+    mtable = Table.of(
+        [
+            "service",
+            "downtime",
+            "mean (no migration)",
+            "mean (migration)",
+            "mean ratio",
+            "p99 ratio",
+            "moves per task",
+        ],
+        mrows,
+    )
+    plots.bars(
+        p.out / "load_migration.png",
+        [f"downtime {c:g} S" for c in MIG_COSTS],
+        [(d, [pays[(d, c)] for c in MIG_COSTS]) for d in ("Pareto", "exponential")],
+        title=f"Mean response time with / without migration (n = {mn}, utilisation {MIG_U})",
+        ylabel="ratio (< 1: migration helps)",
+    )
+
+    def effect(r: float) -> str:
+        if r < 0.98:
+            return f"helps ({(1 - r):.0%} lower mean)"
+        if r > 1.02:
+            return f"hurts ({(r - 1):.0%} higher mean)"
+        return f"is neutral (ratio {r:.2f})"
+
+    cheap, dear = MIG_COSTS[0], MIG_COSTS[-1]
+    hi = LOAD_U[-2]
+    r_hi = rows[LOAD_U.index(hi)]
+    col = table.headers.index
+    return Outcome(
+        name="load",
+        title="3. Load: response time against the ideal",
+        setup=f"""
+n = {n} nodes, each one core on which up to 2 tasks time-share (processor sharing)
+while the rest wait FIFO. Poisson arrivals at rate u n, **bounded Pareto service**
+(alpha 1.1, max/min 1000, mean 1: heavy-tailed like process lifetimes,
+Harchol-Balter & Downey 1997). {count:,} tasks per point, common random numbers.
+
+- *random*: a front end places uniformly (`place(d=1)`).
+- *d=2 (stale gossip)*: each task arrives at a random node, which runs `place(d=2)`
+  over the gossip view (**staleness model: `GossipAge`**: every node re-publishes
+  its report every 1 S with a random phase, peers see it 0.05 S later; the local
+  node's own report is fresh). Handoffs take {NET_DELAY} S; the target re-checks with
+  `admit`.
+- *+ transfer*: `TransferPolicy` on every node (step every {TICK} S, probes and
+  replies as messages with the same delay, a moved queued task is in flight 0.01 S
+  longer); timers scaled to S: round {TICK}, probe timeout {TRANSFER.probe_timeout:g},
+  task cooldown {TRANSFER.task_cooldown:g}, switch cooldown {TRANSFER.switch_cooldown:g}.
+- *+ migration*: `plan_migrations` on every node every 0.5 S over a two-peer
+  sample, checkpoint mode, 0.05 S downtime per move, margin 1.5, per-task cooldown
+  1 S, at most 3 moves per task and 8 in flight.
+- *JSQ*: the ideal: an omniscient front end joins the node with the fewest tasks
+  now.
+
+The table gives JSQ's absolute mean and p99 and every other curve as a ratio to it.
+""",
+        tables=[("load", table), ("load_detail", extra), ("load_migration", mtable)],
+        figures=[
+            ("load.png", "Mean (solid) and p99 (dashed) response time vs utilisation"),
+            ("load_migration.png", "Mean response time with migration / without"),
+        ],
+        findings=f"""
+**What it shows.** Random placement ignores load and its mean grows like M/M/1's;
+at utilisation {hi} it is {r_hi[col("random mean/JSQ")]:.1f}x the ideal (p99
+{r_hi[col("random p99/JSQ")]:.1f}x). Two choices on gossip one service time old
+bring that to {r_hi[col("d2 mean/JSQ")]:.2f}x (p99 {r_hi[col("d2 p99/JSQ")]:.2f}x);
+adaptive transfer, which moves *queued* tasks from busy to idle nodes, brings it to
+{r_hi[col("d2+transfer mean/JSQ")]:.2f}x (p99 {r_hi[col("d2+transfer p99/JSQ")]:.2f}x),
+and migration of *running* tasks to {r_hi[col("d2+transfer+migration mean/JSQ")]:.2f}x
+(p99 {r_hi[col("d2+transfer+migration p99/JSQ")]:.2f}x). JSQ needs exact global
+state on every arrival; swarm uses a local fresh report, two stale ones and probes.
+
+**When migration pays** (third table, n = {mn}, utilisation {MIG_U}, on top of d = 2
+and transfer). With cheap moves (downtime {cheap:g} S) migration
+{effect(pays[("Pareto", cheap)])} under Pareto service and
+{effect(pays[("exponential", cheap)])} under exponential service. In this model most
+of that benefit comes from moving a task off a core it shares to an idle core, which
+pays whatever the distribution once a move costs little. The distribution shows as
+moves get dearer: at downtime {dear:g} S (a whole mean service time) migration
+{effect(pays[("Pareto", dear)])} under Pareto and {effect(pays[("exponential", dear)])}
+under exponential service. The cost-benefit rule estimates the remaining time from
+the task's age (Harchol-Balter & Downey): right for heavy tails, where an old task is
+likely a long one, and wrong for exponential service, where an old task has no more
+left than a new one, so there the moves it makes do not pay back. Migration is worth
+enabling for heavy-tailed work with cheap checkpoints; with expensive moves or
+memoryless work, transfer of queued tasks does the job.
+""",
+        checks={
+            "d=2 on stale gossip beats random at every utilisation": all(
+                res[("d2", x)].mean < res[("random", x)].mean for x in LOAD_U
+            ),
+            "adaptive transfer improves on d=2 alone at utilisation >= 0.9": all(
+                res[("d2+transfer", x)].mean < res[("d2", x)].mean for x in LOAD_U if x >= 0.9
+            ),
+        },
+        extra={"pays": pays},
+    )
+
+
+# ------------------------------------------------------------------ 4. transfer
+
+TRANSFER_U = (0.3, 0.5, 0.7, 0.85, 0.95)
+TRANSFER_MODES: tuple[tuple[str, TransferConfig | None], ...] = (
+    ("none", None),
+    ("sender", SENDER_ONLY),
+    ("receiver", RECEIVER_ONLY),
+    ("adaptive", TRANSFER),
+)
+
+
+def _crossover(xs: Sequence[float], a: Sequence[float], b: Sequence[float]) -> float | None:
+    """First x where b becomes better (lower) than a, linearly interpolated."""
+    diff = [bb - aa for aa, bb in zip(a, b, strict=True)]
+    for i in range(1, len(xs)):
+        if diff[i - 1] >= 0 > diff[i]:
+            x0, x1, d0, d1 = xs[i - 1], xs[i], diff[i - 1], diff[i]
+            return x0 + (x1 - x0) * d0 / (d0 - d1)
+    return None
+
+
+PROBE_COSTS = (0.0, 0.02)
+
+
+@_timed
+def transfer(p: Params) -> Outcome:
+    """Sender- vs receiver-initiated vs adaptive transfer across load levels."""
+    n = p.nodes or 32
+    count = p.tasks or 4000
+    cost = 0.1
+    res: dict[tuple[str, float, float], SimResult] = {}
+    for u in TRANSFER_U:
+        for pc in PROBE_COSTS:
+            for label, tc in TRANSFER_MODES:
+                if tc is None and pc > 0:
+                    continue  # no transfer, no probes: the same run
+                cfg = SimConfig(
+                    nodes=uniform_nodes(n),
+                    placement=PowerOfD(0),
+                    origin=NODE,
+                    staleness=GOSSIP,
+                    net_delay=NET_DELAY,
+                    transfer=tc,
+                    tick=TICK,
+                    transfer_cost=cost,
+                    probe_cpu=pc,
+                    seed=p.seed,
+                    warmup=20.0,
+                )
+                res[(label, pc, u)] = _run(cfg, u * n, EXPO, count, p.seed)
+    modes = [lb for lb, tc in TRANSFER_MODES if tc is not None]
+    rows = []
+    for u in TRANSFER_U:
+        row: list[object] = [u, res[("none", 0.0, u)].mean]
+        for pc in PROBE_COSTS:
+            row += [res[(lb, pc, u)].mean for lb in modes]
+        row += [
+            res[(lb, 0.0, u)].transfer_stats.probes / res[(lb, 0.0, u)].arrivals for lb in modes
+        ]
+        row += [mmc_mean(u, n)]
+        rows.append(tuple(row))
+    headers = ["utilisation", "no transfer"]
+    for pc in PROBE_COSTS:
+        headers += [f"{lb} (probe {pc:g})" for lb in modes]
+    headers += [f"{lb} probes/task" for lb in modes] + [f"M/M/{n}"]
+    table = Table.of(headers, rows)
+    us = list(TRANSFER_U)
+    series = [plots.Series("no transfer", us, [res[("none", 0.0, u)].mean for u in us], "k.-")]
+    for pc, dash in zip(PROBE_COSTS, ("-", "--"), strict=True):
+        for lb, mark in zip(modes, ("o", "s", "^"), strict=True):
+            series.append(
+                plots.Series(
+                    f"{lb}, probe cpu {pc:g}",
+                    us,
+                    [res[(lb, pc, u)].mean for u in us],
+                    mark + dash,
+                    1.5 if pc == 0 else 1.0,
+                )
+            )
+    series.append(plots.Series(f"M/M/{n} (perfect sharing)", us, [mmc_mean(u, n) for u in us], ":"))
+    plots.lines(
+        p.out / "transfer.png",
+        series,
+        title=f"Transfer policies: n = {n}, transfer cost {cost} S, exponential service",
+        xlabel="utilisation",
+        ylabel="mean response time",
+        logy=True,
+    )
+    cross: dict[float, float | None] = {}
+    near: dict[float, bool] = {}
+    for pc in PROBE_COSTS:
+        snd = [res[("sender", pc, u)].mean for u in us]
+        rcv = [res[("receiver", pc, u)].mean for u in us]
+        ada = [res[("adaptive", pc, u)].mean for u in us]
+        cross[pc] = _crossover(us, snd, rcv)
+        near[pc] = all(a <= 1.05 * min(x, y) for a, x, y in zip(ada, snd, rcv, strict=True))
+
+    def where(pc: float) -> str:
+        c = cross[pc]
+        if c is not None:
+            return f"receiver-initiated overtakes sender-initiated at utilisation {c:.2f}"
+        lo = res[("receiver", pc, us[0])].mean <= res[("sender", pc, us[0])].mean
+        return (
+            "receiver-initiated is as good or better at every load (no crossover)"
+            if lo
+            else "sender-initiated is better at every load measured (no crossover)"
+        )
+
+    hi, lo0 = us[-1], us[0]
+    costly = PROBE_COSTS[-1]
+    ada_txt = (
+        "within 5 % of the best fixed mode at every load"
+        if near[0.0] and near[costly]
+        else "close to the better fixed mode at most loads; see the table"
+    )
+
+    def probes(mode: str) -> float:
+        r = res[(mode, costly, lo0)]
+        return r.transfer_stats.probes / r.arrivals
+
+    return Outcome(
+        name="transfer",
+        title="4. Transfer: sender- vs receiver-initiated vs adaptive",
+        setup=f"""
+Eager, Lazowska and Zahorjan's setting (1986): n = {n} single-server FIFO nodes,
+each with its own Poisson arrivals (tasks stay where they arrive: `place(d=0)`),
+exponential service. Load is shared only by `TransferPolicy` moving queued tasks,
+with a **per-transfer cost of {cost} S** (the moved task is in flight that long) and
+{NET_DELAY} S per message. Modes are the same policy with its watermarks pinned:
+*sender* (always the low regime: overloaded nodes probe and push), *receiver* (always
+the high regime: idle nodes probe and steal), *adaptive* (swarm's default: the regime
+follows the cluster load estimated from gossip, with hysteresis). Two probe costs:
+0 (swarm's probes are small messages handled by the agent) and {costly:g} S of CPU on
+both the prober and the probed node per probe (EL&Z charge probes to the CPU; here a
+probe holds the node's processor, delaying its tasks). **Staleness model: `GossipAge`**
+(period 1 S, delay 0.05 S), used only to pick probe targets and estimate the cluster
+level; probes are answered on fresh state. Timers: round every {TICK} S, a task may
+move {TRANSFER.task_cooldown:g} S after it arrived. {count:,} tasks per point.
+""",
+        tables=[("transfer", table)],
+        figures=[
+            (
+                "transfer.png",
+                "Mean response time vs utilisation; solid: free probes, dashed: costly",
+            )
+        ],
+        findings=f"""
+**What it shows.** Every mode beats no sharing by a wide margin above light load
+(at utilisation {hi}: {res[("none", 0.0, hi)].mean:.1f} without transfer,
+{res[("adaptive", 0.0, hi)].mean:.2f} adaptive). With free probes {where(0.0)}:
+receiver-initiated probes cost nothing even when most of them fail, and a receiver
+steals only when it is idle, which is exactly when a transfer helps. With probes that
+cost CPU {where(costly)}: at light load receivers probe a lot ({probes("receiver"):.1f}
+probes per task at utilisation {lo0}, against {probes("sender"):.1f} for senders) and their probes
+land on the busy nodes, which pay for them; at high load senders' probes mostly fail
+while idle receivers are rare and every one of them should pull. Adaptive follows the
+better of the two ({ada_txt}).
+
+**Versus the published result.** Eager et al. found sender-initiated policies better
+at light to moderate load and receiver-initiated better at high load, provided their
+transfer costs are comparable; their probe and transfer costs were charged as CPU
+time. swarm reproduces that ordering when probes cost CPU. With swarm's cheap probes
+the low-load advantage of sender-initiated transfer disappears, which is why the
+adaptive policy only needs the watermarks to stop senders at high load (where their
+probes are wasted and add traffic to busy nodes).
+""",
+        checks={
+            "with CPU-costly probes, sender-initiated is better at the lowest load": res[
+                ("sender", costly, lo0)
+            ].mean
+            < res[("receiver", costly, lo0)].mean,
+            "with free probes, receiver-initiated is better at the highest load": res[
+                ("receiver", 0.0, hi)
+            ].mean
+            < res[("sender", 0.0, hi)].mean,
+        },
+        extra={"crossover": cross},
+    )
+
+
+# ------------------------------------------------------------------ 5. shares (+ GPU)
+
+GPU_LOADS = (0.8, 0.95, 1.1)
+
+
+def _per_class(values: Sequence[float], keys: Sequence[int], classes: Sequence[int]) -> list[float]:
+    out = []
+    for c in classes:
+        xs = [v for v, k in zip(values, keys, strict=True) if k == c]
+        out.append(sum(xs) / len(xs))
+    return out
+
+
+def _cv(xs: Sequence[float]) -> float:
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)) / m if m else math.nan
+
+
+@_timed
+def shares(p: Params) -> Outcome:
+    """Heterogeneous shares and reservations: per-node load vs the share-weighted
+    ideal, how often reserved tasks wait; and the GPU workload (binpack vs spread)."""
+    n = p.nodes or 100
+    count = p.tasks or 10_000
+    u = 0.8
+    specs = hetero_nodes(n, random.Random(p.seed * 17 + 1))
+    total_cores = sum(s.cores for s in specs)
+    keys = [s.shares for s in specs]
+    classes = sorted(set(keys))
+    reserve = ((256, 0.15), (1024, 0.05))
+    pols: list[tuple[str, Strategy, str]] = [
+        ("random", PowerOfD(1), FRONTEND),
+        ("d=2 (gossip)", PowerOfD(2), NODE),
+        ("JSQ (fresh)", Jsq(), FRONTEND),
+    ]
+    res: dict[str, SimResult] = {}
+    for label, strat, origin in pols:
+        cfg = SimConfig(
+            nodes=specs,
+            placement=strat,
+            origin=origin,
+            staleness=GOSSIP,
+            net_delay=NET_DELAY,
+            seed=p.seed,
+            warmup=20.0,
+        )
+        jobs = poisson(
+            u * total_cores, EXPO, random.Random(p.seed * 1000 + 7), count=count, reserve=reserve
+        )
+        res[label] = simulate(cfg, jobs)
+    rows = []
+    util_ratio: dict[str, list[float]] = {}
+    work: dict[str, list[float]] = {}  # per class
+    index: dict[str, list[float]] = {}
+    cv: dict[str, float] = {}
+    waited_pct: dict[str, float] = {}
+    for label, _, _ in pols:
+        r = res[label]
+        # Work ideal: work in proportion to the shares a node can give to work, i.e.
+        # its shares less those held by running reservations (time averages).
+        work_done = [b * sp.cores for b, sp in zip(r.node_busy, specs, strict=True)]
+        free = [sp.shares - rs for sp, rs in zip(specs, r.node_reserved, strict=True)]
+        per_share = sum(work_done) / sum(free)
+        ur = [w / (f * per_share) for w, f in zip(work_done, free, strict=True)]
+        util_ratio[label] = ur
+        # Load-index ideal: every node at total weight / total unreserved shares.
+        ideal = sum(r.node_load) / sum(free)
+        lr = [r.node_load[i] / free[i] / ideal for i in range(len(specs))]
+        waited = r.reserved_waited / r.reserved_tasks if r.reserved_tasks else math.nan
+        work[label] = _per_class(ur, keys, classes)
+        index[label] = _per_class(lr, keys, classes)
+        cv[label] = _cv(ur)
+        waited_pct[label] = 100.0 * waited
+        rows.append(
+            (
+                label,
+                *work[label],
+                cv[label],
+                *index[label],
+                waited_pct[label],
+                r.mean_reserved,
+                r.mean_plain,
+            )
+        )
+    table = Table.of(
+        ["policy"]
+        + [f"work/ideal {c}" for c in classes]
+        + ["CV work/ideal"]
+        + [f"load index/ideal {c}" for c in classes]
+        + ["reserved waited %", "mean reserved", "mean other"],
+        rows,
+    )
+    groups = [
+        plots.Series(label, [float(k) for k in keys], util_ratio[label], st)
+        for (label, _, _), st in zip(pols, ("o", "s", "^"), strict=True)
+    ]
+    plots.scatter(
+        p.out / "shares.png",
+        groups,
+        title=f"Work per node / share-weighted ideal (n = {n}, utilisation {u})",
+        xlabel="node shares (capacity: 1024 shares per core)",
+        ylabel="work done / ideal",
+        logx=True,
+        hline=(1.0, "ideal"),
+    )
+
+    # GPU sub-experiment.
+    gres = {}
+    gpu_rows = []
+    for offered in GPU_LOADS:
+        for pol in ("binpack", "spread"):
+            gcfg = GpuSimConfig(
+                policy=pol,  # type: ignore[arg-type]
+                offered=offered,
+                horizon=300.0,
+                warmup=60.0,
+                seed=p.seed,
+            )
+            g = gres[(pol, offered)] = run_gpu(gcfg)
+            gpu_rows.append(
+                (
+                    offered,
+                    pol,
+                    g.allocation,
+                    g.fragmentation,
+                    g.frag_of_free,
+                    g.whole_blocked,
+                    g.wait_whole,
+                    g.wait_slice,
+                    g.placed,
+                )
+            )
+    gtable = Table.of(
+        [
+            "offered",
+            "policy",
+            "allocation rate",
+            "fragmented (of all)",
+            "fragmented (of free)",
+            "free unusable by 1 GPU",
+            "wait whole-GPU",
+            "wait fractional",
+            "placed",
+        ],
+        gpu_rows,
+    )
+    plots.bars(
+        p.out / "shares_gpu.png",
+        [f"offered {o:g}" for o in GPU_LOADS],
+        [
+            (f"{pol} {what}", [getattr(gres[(pol, o)], key) for o in GPU_LOADS])
+            for what, key in (("allocated", "allocation"), ("fragmented", "fragmentation"))
+            for pol in ("binpack", "spread")
+        ],
+        title="GPU slicing: 16 nodes x 8 GPUs, mostly fractional requests",
+        ylabel="share of all GPU compute",
+    )
+    rnd, d2, jsq = (lb for lb, _, _ in pols)
+    bp, sp = gres[("binpack", GPU_LOADS[-1])], gres[("spread", GPU_LOADS[-1])]
+
+    def cls(values: Sequence[float]) -> str:
+        return ", ".join(f"{c}: {v:.2f}" for c, v in zip(classes, values, strict=True))
+
+    return Outcome(
+        name="shares",
+        title="5. Shares, reservations and GPU slices",
+        setup=f"""
+n = {n} heterogeneous nodes: shares {", ".join(str(c) for c in classes)} with
+capacity in proportion (1024 shares per core: a 512-share node is half a core, a
+4096-share node four cores with four slots). Utilisation {u} of the total capacity,
+exponential service. 15 % of tasks reserve 256 shares and 5 % reserve 1024 while they
+run (`ShareLedger` enforces it: a reserved task starts only when its reservation fits
+the node's free shares, and a node whose shares are all reserved takes nothing else).
+**Staleness model: `GossipAge`** (period 1 S, delay 0.05 S). {count:,} tasks per
+policy.
+
+The share-weighted ideal gives every node work in proportion to the shares it can
+give to work: its shares less those held by running reservations (a reservation
+holds shares on purpose; time averages). *work/ideal* is a node's work done over that
+ideal, averaged by share class; *load index/ideal* does the same for the time-average
+load index `weight_sum / (shares - reserved)`. A reserved task *waited* when no node
+had room for its reservation, its target refused it, or it was passed over at start
+with a slot free.
+
+GPU sub-experiment: 16 nodes with 8 GPUs each (two NVLink groups of four, 80 GiB).
+Requests are shaped after Alibaba's GPU traces (PAI 2020; the 2023 GPU-sharing
+trace): about two thirds ask for a fraction of one device (10-75 % of its compute,
+memory in proportion), the rest one, two, four or eight whole devices; lognormal
+durations. `place(d=2)` samples nodes whose gossiped GPU summary fits
+(`gpu.fits_summary`); the target's `GpuAllocator` chooses devices with *binpack* (the
+fullest device that fits) or *spread* (the emptiest); tasks that fit nowhere wait
+FIFO and are retried when GPUs free up. *Fragmented* is the free GPU compute that the
+next request (drawn from the mix) could not use, weighted by the mix
+(`gpu.fragmentation`; the measure of Weng et al., ATC'23), as a share of all GPU
+compute and of the free compute.
+""",
+        tables=[("shares", table), ("shares_gpu", gtable)],
+        figures=[
+            ("shares.png", "Per-node work / share-weighted ideal, by node shares"),
+            ("shares_gpu.png", "GPU compute allocated and fragmented, binpack vs spread"),
+        ],
+        findings=f"""
+**What it shows.** Random placement ignores shares: every node gets the same number
+of tasks, so the half-core nodes saturate (work/ideal by class: {cls(work[rnd])}; CV
+{cv[rnd]:.2f}), and their queues grow without bound. swarm's `place(d=2)`
+compares projected load indexes (weight per unreserved share) and gives every class
+close to its share of the work even on gossip one service time old ({cls(work[d2])};
+CV {cv[d2]:.2f}; JSQ with fresh information: {cls(work[jsq])}). What deviation is
+left favours the small nodes: an idle 512- or 1024-share node has load 0, below any
+node with a task, so it is refilled the moment it empties and runs near 100 % busy,
+while the 4096-share nodes absorb the slack with idle cores. Fresh JSQ does this most
+(it always finds the empty small node); two stale samples less so.
+
+The load index itself is not equal across classes ({cls(index[d2])} for d = 2), and
+cannot be: a 512-share node holding one task is at load 2/1024 while a 4096-share node
+needs eight tasks to get there, and the small node serves its one task at half
+speed, so it spends most of its time at one task (twice the ideal load) or zero. Big
+nodes pool their cores (M/M/4 rather than M/M/1) and carry less load per share at
+the same utilisation. This is the granularity of shares, not a placement error.
+
+Reserved tasks waited for shares in {waited_pct[d2]:.1f} % of cases under d = 2
+(random: {waited_pct[rnd]:.1f} %, JSQ: {waited_pct[jsq]:.1f} %): the
+placement filter skips nodes whose gossiped free shares are too few and the target's
+`admit` re-checks on fresh state, so a reservation rarely lands where it cannot start;
+when it does, the origin backs off and places it again.
+
+**GPU.** At offered load {GPU_LOADS[-1]:g} binpack allocates {bp.allocation:.1%} of GPU
+compute vs {sp.allocation:.1%} for spread, and leaves {bp.fragmentation:.1%} of it
+fragmented vs {sp.fragmentation:.1%}; whole-GPU requests wait {bp.wait_whole:.1f} vs
+{sp.wait_whole:.1f} time units, because binpack keeps whole devices free while spread
+puts a slice on every empty device. The share of the *free* compute that is fragmented
+is higher under binpack at saturation ({bp.frag_of_free:.2f} vs {sp.frag_of_free:.2f}):
+what little binpack leaves free is the leftover of packed devices. This is the
+direction of Weng et al. (ATC'23), who show that fragmentation-blind, spreading
+placement strands GPU capacity that whole-GPU and large requests need; their
+fragmentation-gradient scheduler is not implemented here (swarm's allocator is
+binpack within a node and power of two choices across nodes), so their absolute gains
+are not comparable.
+""",
+        checks={
+            "d=2 gives every share class its share of the work within 20 %": all(
+                0.8 <= x <= 1.2 for x in work[d2]
+            ),
+            "d=2 is closer to the share-weighted ideal than random": cv[d2] < cv[rnd],
+            "binpack leaves less GPU compute fragmented than spread at every load": all(
+                gres[("binpack", o)].fragmentation < gres[("spread", o)].fragmentation
+                for o in GPU_LOADS
+            ),
+        },
+    )
+
+
+# ------------------------------------------------------------------ 6. flex
+
+
+def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """y at x on the piecewise-linear curve (xs ascending), clamped at the ends."""
+    pts = sorted(zip(xs, ys, strict=True))
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return pts[-1][1]
+
+
+@_timed
+def flex(p: Params) -> Outcome:
+    """Least-fit on requests vs oversubscription vs usage-aware (Flex) admission."""
+    n = p.nodes or 32
+    base = FlexSimConfig(nodes=n, seed=p.seed)
+    runs: list[tuple[str, str, FlexSimConfig]] = [
+        ("requests", "least-fit", base),
+        ("requests", "oversub 1.5x", attrs.evolve(base, oversub=1.5)),
+        ("requests", "oversub 2x", attrs.evolve(base, oversub=2.0)),
+        ("requests", "oversub 2.5x", attrs.evolve(base, oversub=2.5)),
+    ]
+    for pm in (1.0, 1.25, 1.5, 2.0):
+        cfg = attrs.evolve(base, admission=FLEX, flex=flex_config(pm))
+        runs.append(("flex-fifo", f"flex FIFO Pmin {pm:g}", cfg))
+    for pm in (1.25, 1.5):
+        cfg = attrs.evolve(base, admission=FLEX, order=LRF, flex=flex_config(pm))
+        runs.append(("flex-lrf", f"flex LRF Pmin {pm:g}", cfg))
+    results: list[tuple[str, str, FlexResult]] = [(fam, lb, run_flex(c)) for fam, lb, c in runs]
+    lf = results[0][2]
+    rows = [
+        (
+            lb,
+            r.utilisation,
+            r.violation_pct,
+            r.spread,
+            r.requested,
+            r.requested / lf.requested,
+            r.admitted,
+            r.admitted / lf.admitted,
+            r.mean_wait,
+        )
+        for _, lb, r in results
+    ]
+    table = Table.of(
+        [
+            "policy",
+            "utilisation",
+            "QoS violations %",
+            "usage spread (std/mean)",
+            "requested/capacity",
+            "held vs least-fit",
+            "admitted",
+            "admitted vs least-fit",
+            "mean wait",
+        ],
+        rows,
+    )
+    fam_series = []
+    for fam, style in (("requests", "o-"), ("flex-fifo", "s-"), ("flex-lrf", "^-")):
+        pts = sorted((r.utilisation, r.violation_pct) for f, _, r in results if f == fam)
+        label = {
+            "requests": "requests (least-fit, oversub 1.5-2.5x)",
+            "flex-fifo": "flex FIFO (Pmin 1-2)",
+            "flex-lrf": "flex LRF",
+        }[fam]
+        fam_series.append(
+            plots.Series(label, [x for x, _ in pts], [max(y, 1e-3) for _, y in pts], style)
+        )
+    plots.lines(
+        p.out / "flex.png",
+        fam_series,
+        title=f"Utilisation vs QoS violations (n = {n}, request-vs-usage workload)",
+        xlabel="CPU utilisation (used / capacity)",
+        ylabel="% node-time with demand > capacity",
+        logy=True,
+    )
+    ov = next(r for _, lb, r in results if lb == "oversub 2x")
+    fx = [(r.utilisation, r.violation_pct, r) for f, _, r in results if f == "flex-fifo"]
+    fx_viol = _interp(ov.utilisation, [x for x, _, _ in fx], [y for _, y, _ in fx])
+    fx_req = _interp(ov.utilisation, [x for x, _, _ in fx], [r.requested for _, _, r in fx])
+    fewer = ov.violation_pct / fx_viol if fx_viol > 0 else math.inf
+    more_held = fx_req / lf.requested - 1.0
+    best = min((r for _, _, r in fx), key=lambda r: abs(r.utilisation - ov.utilisation))
+    return Outcome(
+        name="flex",
+        title="6. Flex: admission on requests vs on usage",
+        setup=f"""
+A time-stepped cluster of n = {n} nodes (32 cores, 128 GiB each; one step is one
+usage sample). Tasks arrive with CPU and memory *requests* and a usage shaped after
+the Google 2011 trace analyses (Reiss et al., SoCC 2012): production tasks (30 %,
+long) use about 30 % of their CPU request on average, batch tasks (70 %, short)
+about 45 %, memory about half; CPU usage wanders around each task's mean (lognormal
+noise, AR(1) correlation 0.8 per step) and bursts above the request (up to 2x).
+Requested demand is offered at 3.5x the cluster's capacity, so admission decides how
+much runs; tasks wait up to 60 steps, the scheduler looks at the 50 oldest per step.
+
+- *least-fit*: the node with the most unrequested room; admit iff
+  requests + request <= capacity (`flex_refusal` with P = 1 over committed requests).
+- *oversub kx*: the same with k times the capacity.
+- *flex*: swarm's path: `place(d=2)` over reports one step old (filtered on reported
+  idle CPU and free memory), then the target's `admit` with its Flex state:
+  P x usage estimate + request <= capacity, estimate by `PeakEstimator`
+  (half-life 5 steps), P by `flex_update` each step (QoS target: no demand above
+  capacity), Pmin 1 to 2. FIFO or largest-request-first (within the 50-task window).
+
+QoS violation: a node-step with CPU or memory demand above capacity. Spread: the
+standard deviation of node CPU usage over its mean.
+""",
+        tables=[("flex", table)],
+        figures=[("flex.png", "QoS violations vs utilisation per admission family")],
+        findings=f"""
+**What it shows.** Admitting on requests wastes most of the machine: least-fit
+reaches {lf.utilisation:.0%} utilisation because tasks use a third of what they
+ask. Oversubscribing by 2x reaches {ov.utilisation:.0%} with {ov.violation_pct:.2f} %
+of node-time in violation, and the curve of request-based admission gets steep past
+that. Flex at the same utilisation (interpolated on its curve) has {fx_viol:.3f} %
+violations, **{fewer:.0f}x fewer** (closest run: {best.utilisation:.0%} with
+{best.violation_pct:.3f} %), and holds {more_held:+.0%} more requested work at once
+than least-fit (throughput over the run: the "admitted" column, bounded by the
+offered tasks). Flex also spreads usage more evenly (std/mean
+{min(r.spread for _, _, r in fx):.2f} to {max(r.spread for _, _, r in fx):.2f} vs
+{ov.spread:.2f} for 2x oversubscription), because it places by measured headroom.
+Largest-request-first admits fewer tasks than FIFO at about the same utilisation: big
+tasks take the room first.
+
+**Versus the published result** (usage-aware admission reaches oversubscription's
+utilisation with about 3.7x fewer QoS violations and admits about 74 % more than
+least-fit): the direction and order of magnitude of both hold here; the exact factors
+do not, and should not be expected to. Here each task's usage noise is independent,
+so a node's total is smoother than in production (correlated bursts, diurnal load),
+which makes usage-based admission look better than in the paper; and "admits more"
+depends on how far requests exceed usage in the workload (a third here, which gives
+more room than the paper's mix).
+""",
+        checks={
+            "flex reaches 2x oversubscription's utilisation with fewer violations": fx_viol
+            < ov.violation_pct,
+            "flex holds more work than least-fit": more_held > 0,
+        },
+    )
+
+
+# ------------------------------------------------------------------ registry
+
+EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
+    "balls": balls,
+    "staleness": staleness,
+    "load": load,
+    "transfer": transfer,
+    "shares": shares,
+    "flex": flex,
+}
+
+INTRO = """
+# Experiments
+
+Generated by `make experiments` (`swarm sim all --out docs/experiments
+--doc docs/experiments.md`); every figure and table below comes from that run, with
+seed 1. Each experiment can be rerun alone: `swarm sim NAME [--nodes N] [--seed S]
+[--tasks M] [--out DIR]` writes NAME.csv, NAME.png and NAME.md.
+
+The simulator (`swarm/sim/`) is a deterministic discrete-event engine. Its decisions
+are swarm's own policy code, called exactly as the agent calls it:
+`policy.placement.place` and `admit`, `ShareLedger`, `TransferPolicy` (probes,
+replies, pushes and steals are delayed messages), `policy.migration.plan_migrations`,
+`policy.load` (Flex) and `policy.gpu.GpuAllocator`. Only the yardsticks that swarm
+must never use (least-loaded of a stale view, omniscient join-shortest-queue) and the
+request-based baselines of the Flex experiment are computed by the simulator itself.
+
+Staleness: placers read a shared view of load reports. `Board(T)` is Mitzenmacher's
+bulletin board (all reports posted together every T); `GossipAge(period, delay)` is
+the age model of gossip (each node re-publishes every period with a random phase and
+peers see it `delay` later, so a report's age is uniform in [delay, delay + period]).
+The model is calibrated against swarm's real membership core: `sim.calibrate` runs
+the SWIM core (`cluster.membership`) on the simulated network (`sim.gossipnet`) and
+measures how old gossiped load is (experiment 2, second table). Each experiment says
+which model it uses.
+
+Time is in units of the mean service time S; the policies' timers are scaled to it (a
+transfer round every S/2, for instance), which makes them coarser than the agent's
+half-second ticks on tasks of minutes: the simulated policies react more slowly than
+the real ones. The agent's coordinator also counts the tasks it has just sent to a
+peer in its own view until that peer's next report; the simulator does not, which
+again errs on the pessimistic side.
+"""
+
+
+def run(name: str, p: Params) -> Outcome:
+    try:
+        fn = EXPERIMENTS[name]
+    except KeyError:
+        raise ValueError(f"unknown experiment {name!r}; one of {', '.join(EXPERIMENTS)}") from None
+    return fn(p)
