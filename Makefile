@@ -42,7 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/submit.py
 
 experiments: $(STAMP)
-	$(PY) -m swarm.cli sim all --out docs/experiments
+	$(PY) -m swarm.cli sim all --out docs/experiments --doc docs/experiments.md
 
 chaos: $(STAMP) sysdeps
 	$(PY) -m chaos.run --suite full
