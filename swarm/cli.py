@@ -159,6 +159,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise CliError(f"agent failed to start: {e.strerror or e}", EXIT_FAILED) from None
     except KeyboardInterrupt:
         return EXIT_OK
+    finally:
+        # The agent has stopped: a late SIGTERM (a second `kill`, systemd) during the
+        # interpreter's exit must not turn a clean exit into death by signal.
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
     return EXIT_OK
 
 
