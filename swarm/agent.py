@@ -25,6 +25,7 @@ from .logs import EventLog
 from .policy import gpu as gpupol
 from .policy import shares as sh
 from .policy import transfer as tr
+from .runtime import criu as criu_rt
 from .runtime import gpu as gpu_runtime
 from .runtime.api import ApiServer, Ops, PeerCred, RequestError
 from .runtime.cluster import ClusterNode, RemoteError
@@ -34,9 +35,10 @@ from .runtime.isolation import Identities, IsolationError, TaskIsolation
 from .runtime.isolation import detect as detect_cgroups
 from .runtime.journal import DelProc, Event, Journal, JournalError, PutKV
 from .runtime.metrics import MetricsServer
+from .runtime.migrator import Migrator, settings_for
 from .runtime.net import TransportError
 from .runtime.notify import Notifier
-from .runtime.runner import LocalRunner
+from .runtime.runner import LocalRunner, PlanRefused
 from .runtime.tasks import TaskTable, UnknownTask, wall_now
 
 LOG_CHUNK = 64 * 1024
@@ -145,6 +147,13 @@ class Agent:
             mps=config.mps,
             rng=self.rng,
         )
+        try:
+            migration = settings_for(config)
+        except ValueError as e:
+            raise ConfigError("checkpoint-signal", str(e)) from None
+        self.migrator = Migrator(self.coord, migration, log=self.log)
+        self.coord.migrator = self.migrator
+        self.runner.checkpoint_exit_code = config.checkpoint_exit_code
         self.runner.plan_hook = self._plan_hook
         self.plan_hooks: list[Callable[[m.Task, ProcessPlan], ProcessPlan]] = []
         self.runner.can_start = self.coord.can_start
@@ -158,6 +167,8 @@ class Agent:
             Identities(node=self.node, allow_root=config.allow_root_tasks), cgroups, log=self.log
         )
         self.plan_hooks.append(self.isolation.plan)
+        self.plan_hooks.append(self.migrator.plan_hook)  # a CRIU restore runs as root
+        self.migrator.owner_of = self._task_owner
         self.runner.exit_hook = self.isolation.finished
         self.coord.admission_hook = self.isolation.admission_refusal
         self.notifier = Notifier()
@@ -170,6 +181,14 @@ class Agent:
         self.accepting = False
         self._stop = trio.Event()
         self._outside_signal: int | None = None
+
+    def _task_owner(self, spec: m.TaskSpec) -> tuple[int, int] | None:
+        """Whom a task's received state belongs to here (None: the agent's user)."""
+        try:
+            ident = self.isolation.identities.resolve(spec)
+        except PlanRefused:
+            return None
+        return None if ident is None else (ident.uid, ident.gid)
 
     def _plan_hook(self, task: m.Task, plan: ProcessPlan) -> ProcessPlan:
         """Adjust a task's process plan: its GPU slice, then the other hooks."""
@@ -190,12 +209,16 @@ class Agent:
         self._recover()
         await self.isolation.start()
         self.coord.isolation = self.isolation.kind
+        self.migrator.criu = await criu_rt.detect()
+        self.coord.criu = self.migrator.criu.ok
+        self.log.info("criu.detect", ok=self.migrator.criu.ok, reason=self.migrator.criu.reason)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.journal.run)
                 await nursery.start(self.cluster.run)
                 await nursery.start(self.runner.run)
                 await nursery.start(self.coord.run)
+                await nursery.start(self.migrator.run)
                 nursery.start_soon(self._signals)
                 api_scope = trio.CancelScope()
 
@@ -299,6 +322,7 @@ class Agent:
             self._kv_undrain = undrain
         self.table.load(rec.active)
         self.coord.restore(rec.kv)
+        self.migrator.restore(rec.kv)
         requeued = 0
         S = m.TaskState
         for t in rec.active:
@@ -438,7 +462,20 @@ class Agent:
         t = await self._task(f)
         f.done()
         self._authorize(t, cred)
-        return {"task": codec.task_to_wire(t)}
+        return {"task": codec.task_to_wire(t), "migrations": await self._migrations(t)}
+
+    async def _migrations(self, t: m.Task) -> list[dict[str, Any]]:
+        """The task's migrations, as its home recorded them."""
+        if t.spec.home in ("", self.node) or t.spec.is_global:
+            return await self.migrator.records_of(t.id)
+        try:
+            r = await self.cluster.request(
+                t.spec.home, {"op": "migrate", "kind": "records", "id": t.id}, timeout=5.0
+            )
+        except (TransportError, RemoteError):
+            return []
+        recs = r.get("records")
+        return [x for x in recs if isinstance(x, dict)] if isinstance(recs, list) else []
 
     async def op_list(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         show_all = f.bool("all", False)
@@ -493,6 +530,11 @@ class Agent:
                 pass
             self.ledger.remove(t.id)
             return await self.table.change_durably(t.id, S.CANCELLED, cause)
+        if t.node == self.node and t.state is S.MIGRATING:
+            await self.migrator.cancel(t.id, cause)
+            with trio.move_on_after(30):
+                return await self.table.wait_terminal(t.id)
+            return await self.table.get(t.id)
         await self.coord.cancel_remote(t.id)
         with trio.move_on_after(30):
             return await self.table.wait_terminal(t.id)
@@ -545,6 +587,14 @@ class Agent:
             "uptime": wall_now() - self.started_at,
             "api": dict(self.api.stats),
             "coordinator": dict(self.coord.counters),
+            "migration": {
+                "mode": self.config.migration,
+                "criu": self.migrator.criu.ok,
+                "criu_reason": self.migrator.criu.reason,
+                "in_flight_out": len(self.migrator.outgoing),
+                "in_flight_in": len(self.migrator.incoming),
+                **dict(self.migrator.counters),
+            },
             "transfer": _attrs_dict(self.coord.transfer.stats),
             "transport": dict(self.cluster.transport.counters) if self.cluster.transport else {},
             "membership": dict(ms.stats) if ms is not None else {},

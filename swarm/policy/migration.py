@@ -518,3 +518,61 @@ def plan_migrations(
     ordered = tuple(decisions[t.task_id] for t in tasks)
     out_bucket = bucket.refill(now) if config.dry_run else tokens.refill(now)
     return MigrationPlan(ordered, tuple(d for d in ordered if d.migrate), out_bucket)
+
+
+# ------------------------------------------------------------------ the target's re-check
+
+
+def recheck_at_target(
+    task: RunningTask,
+    source: LoadReport,
+    target: LoadReport,
+    *,
+    config: MigrationConfig,
+    bandwidth: float,
+    incoming: int = 0,
+) -> str | None:
+    """The target's second opinion with its fresh load: None to accept, else why not.
+
+    The source decided on a gossiped, possibly stale report of this node; the target
+    knows its own load now and refuses a move that is no longer worth it, that it has
+    no room for, or that would break its own in-flight limit.
+    """
+    if task.mode is MigrateMode.NEVER:
+        return "the task opted out of migration (migrate=never)"
+    if target.shares - target.reserved_shares <= 0:
+        return "draining or no unreserved shares"
+    if task.mode is MigrateMode.CRIU and not target.criu:
+        return "CRIU is not available here"
+    if task.gpu is not None and not fits_summary(task.gpu, target.gpus):
+        return "no room for the task's GPU request"
+    if incoming >= config.max_per_node:
+        return f"{incoming} migrations in flight here (max {config.max_per_node})"
+    cb = cost_benefit(task, source, target, config=config, bandwidth=bandwidth)
+    if not cb.worth_it(config.margin):
+        return (
+            f"not worth it with this node's fresh load: gain {cb.gain:.1f}s <= "
+            f"margin {config.margin:g} x cost {cb.cost:.1f}s"
+        )
+    return None
+
+
+@attrs.frozen
+class DurationEstimator:
+    """EWMA of measured durations (pause, warm-up) per key, e.g. per migration mode.
+
+    Negative or non-finite samples are dropped and counted."""
+
+    alpha: float = 0.3
+    values: Mapping[str, float] = attrs.field(factory=dict, hash=False)
+    dropped: int = 0
+
+    def observe(self, key: str, seconds: float) -> DurationEstimator:
+        if not (math.isfinite(seconds) and seconds >= 0):
+            return attrs.evolve(self, dropped=self.dropped + 1)
+        old = self.values.get(key)
+        new = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        return attrs.evolve(self, values={**self.values, key: new})
+
+    def estimate(self, key: str, default: float) -> float:
+        return self.values.get(key, default)

@@ -72,6 +72,10 @@ class LocalRunner:
         self.queue: deque[m.TaskId] = deque()
         self.running: set[m.TaskId] = set()
         self.cancel_requested: dict[m.TaskId, str] = {}
+        # tasks being stopped for a migration (the migrator sets this before it signals,
+        # kills or dumps them): their end is "stopped to move", not a failure
+        self.migrating: dict[m.TaskId, m.MigrateMode] = {}
+        self.checkpoint_exit_code = 85  # "checkpointed, move me" (set by the agent)
         self.stopping = False
         self._kick = trio.Event()
         self._idle = trio.Event()
@@ -200,6 +204,7 @@ class LocalRunner:
         finally:
             self.running.discard(tid)
             self.cancel_requested.pop(tid, None)
+            self.migrating.pop(tid, None)
             self._kick.set()
             if not self.running:
                 self._idle.set()
@@ -221,6 +226,8 @@ class LocalRunner:
                 )
             else:
                 await self.table.change_durably(tid, S.QUEUED, "agent shutdown: will run again")
+        elif (why_moving := self._stopped_to_move(task, r)) is not None:
+            await self.table.change_durably(tid, S.MIGRATING, why_moving)
         elif r.spawn_error is not None:
             code = (
                 127
@@ -240,6 +247,24 @@ class LocalRunner:
             await self.table.change_durably(
                 tid, S.FAILED, why or f"exited {r.exit_code}", exit_code=r.exit_code
             )
+
+    def _stopped_to_move(self, task: m.Task, r: ProcessResult) -> str | None:
+        """Why this end of a run is a stop for a migration (RUNNING -> MIGRATING), or
+        None when it is an ordinary end. A checkpointing task may also exit with the
+        checkpoint code on its own ("checkpointed, move me"): its state is in its
+        state dir, so it is never recorded as a failure."""
+        mode = self.migrating.get(task.id)
+        if mode is not None and r.cancelled:
+            return f"stopped for migration ({mode.value})"
+        if mode is m.MigrateMode.CRIU and r.signal == 9:
+            return "dumped by CRIU for migration"
+        if (
+            task.spec.migrate is m.MigrateMode.CHECKPOINT
+            and r.spawn_error is None
+            and r.exit_code == self.checkpoint_exit_code
+        ):
+            return "checkpointed" + (" for migration" if mode is not None else "")
+        return None
 
     # --------------------------------------------------------------- control
 
