@@ -276,15 +276,38 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        t = c.status(args.id)
+        r = c.call("status", id=args.id)
+    t = r["task"]
+    migrations = r.get("migrations") or []
     if args.json:
-        print(json.dumps(t))
+        print(json.dumps({**t, "migrations": migrations}))
         return EXIT_OK
-    print(format_status(t))
+    print(format_status(t, migrations))
     return EXIT_OK
 
 
-def format_status(t: dict[str, Any]) -> str:
+def format_migration(mg: dict[str, Any]) -> str:
+    """One migration on one line: when, where, how it went, what it cost."""
+    at = time.strftime("%H:%M:%S", time.localtime(float(mg.get("started_at") or 0)))
+    parts = [
+        f"{at}  {mg.get('from', '?')} -> {mg.get('to', '?')}",
+        str(mg.get("mode", "?")),
+        str(mg.get("outcome", "in progress")),
+    ]
+    if mg.get("detail") and mg.get("outcome") != "moved":
+        parts.append(f"({mg['detail']})")
+    if mg.get("pause_s") is not None:
+        parts.append(f"pause {float(mg['pause_s']):.3f}s")
+    if mg.get("bytes") is not None and mg.get("transfer_s") is not None:
+        secs = float(mg["transfer_s"])
+        rate = f", {_fmt_bytes(float(mg['bytes']) / secs)}/s" if secs > 0 else ""
+        parts.append(f"state {_fmt_bytes(float(mg['bytes']))} in {secs:.3f}s{rate}")
+    if mg.get("reason"):
+        parts.append(f"why: {mg['reason']}")
+    return "  ".join(parts)
+
+
+def format_status(t: dict[str, Any], migrations: list[dict[str, Any]] | None = None) -> str:
     spec = t["spec"]
     now = time.time()
     lines = [
@@ -308,6 +331,9 @@ def format_status(t: dict[str, Any]) -> str:
             f"  {at}  {h.get('src') or '-':>12} -> {h['dst']:<12} "
             f"{h.get('node') or ''}  {h['cause']}"
         )
+    if migrations:
+        lines.append("migrations:")
+        lines += ["  " + format_migration(mg) for mg in migrations]
     return "\n".join(lines)
 
 
@@ -378,6 +404,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
                 "-" if not ld else _fmt_bytes(ld.get("mem_available", 0)),
                 "-" if not gpus else f"{sum(g[1] for g in gpus)}/{100 * len(gpus)}%",
                 "-" if not ld else ld.get("isolation", "none"),
+                "-" if not ld else ("yes" if ld.get("criu") else "no"),
                 "-" if n.get("load_age") is None else _fmt_age(n["load_age"]),
             ]
         )
@@ -394,6 +421,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         "MEM FREE",
         "GPU FREE",
         "ISOLATION",
+        "CRIU",
         "REPORT AGE",
     ]
     print(_table(rows, headers))
@@ -420,9 +448,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print("  no placement decisions recorded here")
     for d in r["decisions"]:
         at = time.strftime("%H:%M:%S", time.localtime(d.get("at", 0)))
-        print(f"- {at} {d.get('outcome', '')}")
+        where = f" [{d['node']}]" if d.get("node") else ""
+        print(f"- {at}{where} {d.get('outcome', '')}")
         if d.get("summary"):
             print(f"    {d['summary']}")
+        fig = d.get("figures")
+        if d.get("kind") == "migration" and isinstance(fig, dict):
+            print(
+                f"    from {d.get('from')} to {d.get('target') or '-'}: remaining "
+                f"{fig.get('remaining')}s, slowdown {fig.get('slowdown_here')} here vs "
+                f"{fig.get('slowdown_there')} there, transfer {fig.get('transfer')}s at "
+                f"{_fmt_bytes(float(fig.get('bandwidth') or 0))}/s, lost work "
+                f"{fig.get('lost_work')}s: gain {d.get('gain')}s vs margin {d.get('margin')} "
+                f"x cost {d.get('cost')}s"
+            )
         for cand in d.get("candidates", []):
             score = cand.get("score")
             why = cand.get("why_not") or ""

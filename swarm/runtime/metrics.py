@@ -149,6 +149,36 @@ class AgentCollector:
         )
         yield counter("swarm_tasks_lost", "no-retry tasks lost with their node", c.get("lost", 0))
 
+        # ----------------------------------------------------- migration
+        mc = a.migrator.counters
+        outcomes = counter(
+            "swarm_migrations",
+            "migrations started here (as the source), by outcome",
+            labels=["outcome"],
+        )
+        for outcome in ("moved", "refused", "not-stopped", "failed", "cancelled", "undecided"):
+            outcomes.add_metric([outcome], mc.get("outcome:" + outcome, 0))
+        yield outcomes
+        decisions = counter(
+            "swarm_migration_decisions", "migration decisions taken, by code", labels=["code"]
+        )
+        for key, n in sorted(mc.items()):
+            if key.startswith("decision:"):
+                decisions.add_metric([key[9:]], n)
+        yield decisions
+        state = counter(
+            "swarm_migration_state_bytes", "task state streamed, by direction", labels=["direction"]
+        )
+        state.add_metric(["out"], mc.get("bytes_sent", 0))
+        state.add_metric(["in"], mc.get("bytes_received", 0))
+        yield state
+        yield gauge(
+            "swarm_migrations_in_flight",
+            "migrations in flight at this node (in and out)",
+            len(a.migrator.outgoing) + len(a.migrator.incoming),
+        )
+        yield gauge("swarm_criu_available", "a working CRIU is usable here (0/1)", a.coord.criu)
+
         # ----------------------------------------------------- membership
         ms = a.cluster.membership
         peers = gauge("swarm_peers", "cluster members known here, by state", labels=["state"])
