@@ -44,9 +44,13 @@ bench: $(STAMP)
 experiments: $(STAMP)
 	$(PY) -m swarm.cli sim all --out docs/experiments --doc docs/experiments.md
 
+# The chaos suite (docs/chaos.md): real agents in network namespaces (root; loopback
+# otherwise) under kills, pauses, partitions, loss; ~8 minutes. Writes
+# chaos/reports/<time>/report.{md,json} and the figures in docs/chaos.md.
 chaos: $(STAMP) sysdeps
-	$(PY) -m chaos.run --suite full
+	$(PY) -m chaos.run --suite full --docs docs/chaos.md
 
+# A short seeded subset (~40 s); `make test` runs it too (tests/integration/test_chaos_smoke.py).
 chaos-smoke: $(STAMP) sysdeps
 	$(PY) -m chaos.run --suite smoke
 

@@ -1,0 +1,116 @@
+"""Read what each agent wrote in its own journal (sqlite): task records, transition
+events, share changes. This is the evidence the invariants are checked against.
+
+Opened read-only; the agents are stopped (or at least quiet) when it is read.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from swarm import codec, wire
+from swarm import model as m
+from swarm.runtime.journal import integrity_check
+
+
+@attrs.frozen
+class TransitionEvent:
+    """One `transition` row of a journal's events table."""
+
+    seq: int
+    at: float
+    task_id: str
+    node: str  # where the task was (or went) at that move, as the writer recorded it
+    src: str | None
+    dst: str
+    cause: str
+
+
+@attrs.frozen
+class SharesEvent:
+    seq: int
+    at: float
+    old: int
+    new: int
+
+
+@attrs.frozen
+class JournalData:
+    """One agent's journal, decoded."""
+
+    node: str
+    tasks: Mapping[str, m.Task]
+    transitions: tuple[TransitionEvent, ...]
+    shares: tuple[SharesEvent, ...]
+    integrity: str = "ok"
+    bad_records: int = 0  # rows whose record did not decode
+
+    def events_of(self, task_id: str) -> list[TransitionEvent]:
+        return [e for e in self.transitions if e.task_id == task_id]
+
+
+class JournalMissing(Exception):
+    pass
+
+
+def read_journal(node: str, path: Path) -> JournalData:
+    """Decode `path`; raises JournalMissing when there is no journal there."""
+    if not path.exists():
+        raise JournalMissing(f"{node}: no journal at {path}")
+    integrity = integrity_check(path)
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tasks: dict[str, m.Task] = {}
+        bad = 0
+        for tid, blob in conn.execute("SELECT id, record FROM tasks"):
+            try:
+                tasks[str(tid)] = wire.decode_with(codec.task_from_wire, wire.unpack(blob))
+            except wire.WireError:
+                bad += 1
+        transitions: list[TransitionEvent] = []
+        shares: list[SharesEvent] = []
+        rows = conn.execute("SELECT seq, at, kind, task_id, node, data FROM events ORDER BY seq")
+        for seq, at, kind, task_id, ev_node, data in rows:
+            d = _json(data)
+            if kind == "transition" and isinstance(d, dict):
+                transitions.append(
+                    TransitionEvent(
+                        seq=int(seq),
+                        at=float(at),
+                        task_id=str(task_id),
+                        node=str(ev_node or ""),
+                        src=d.get("src"),
+                        dst=str(d.get("dst")),
+                        cause=str(d.get("cause", "")),
+                    )
+                )
+            elif kind == "shares" and isinstance(d, dict):
+                try:
+                    shares.append(SharesEvent(int(seq), float(at), int(d["old"]), int(d["new"])))
+                except (KeyError, TypeError, ValueError):
+                    bad += 1
+    finally:
+        conn.close()
+    return JournalData(
+        node=node,
+        tasks=tasks,
+        transitions=tuple(transitions),
+        shares=tuple(shares),
+        integrity=integrity,
+        bad_records=bad,
+    )
+
+
+def _json(text: Any) -> Any:
+    if not isinstance(text, str):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -1,0 +1,450 @@
+"""One chaos run: start the cluster, run the workload while the nemesis injects and heals
+faults, heal everything, wait for the work to settle, stop the agents and check the
+invariants against their journals, logs and CLI answers.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from swarm.client import ClientError
+
+from . import faults as fl
+from . import invariants as inv
+from .cluster import ChaosCluster
+from .journals import JournalData, JournalMissing, read_journal
+from .schedule import FaultPlan, Plan, Scenario, make_plan
+from .workload import Workload, read_marks
+
+TMPFS_MB = 24
+SUSPECT_EVENTS = ("member.suspect", "member.dead")
+DISK_ERRORS = ("journal.write_failed", "globals.journal_failed")
+
+
+@attrs.define
+class FaultRecord:
+    fault: str
+    kind: str
+    start: float  # seconds from the run's start
+    hold: float
+    detect_s: float | None = None
+    converge_s: float | None = None
+    note: str = ""
+
+
+@attrs.define
+class ScenarioResult:
+    name: str
+    seed: int
+    mode: str
+    nodes: int
+    wall_s: float = 0.0
+    attempted: int = 0
+    acked: int = 0
+    acked_by_kind: dict[str, int] = attrs.field(factory=dict)
+    refused: dict[str, int] = attrs.field(factory=dict)
+    states: dict[str, int] = attrs.field(factory=dict)
+    completed: int = 0
+    lost: int = 0
+    lost_ids: list[str] = attrs.field(factory=list)
+    dup_exec: int = 0
+    dup_starts: int = 0
+    faults: list[FaultRecord] = attrs.field(factory=list)
+    final_converge_s: float | None = None
+    settle_s: float | None = None
+    handoffs: int = 0
+    transfers: int = 0
+    drains: int = 0
+    violations: list[str] = attrs.field(factory=list)
+    violated: list[str] = attrs.field(factory=list)
+    notes: list[str] = attrs.field(factory=list)
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations and not self.error
+
+    def to_json(self) -> dict[str, Any]:
+        d = attrs.asdict(self)
+        d["passed"] = self.passed
+        return d
+
+    @property
+    def detect_summary(self) -> str:
+        return _summary([f.detect_s for f in self.faults if f.detect_s is not None])
+
+    @property
+    def converge_summary(self) -> str:
+        return _summary([f.converge_s for f in self.faults if f.converge_s is not None])
+
+
+def _summary(xs: Sequence[float]) -> str:
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return f"{xs[0]:.1f}"
+    return f"{statistics.median(xs):.1f} / {max(xs):.1f}"
+
+
+def _fault_of(fp: FaultPlan) -> fl.Fault:
+    cls = fl.KINDS[fp.kind]
+    return cls(targets=fp.targets)
+
+
+class Runner:
+    """Executes one scenario; `run()` never raises for a failing cluster, it reports."""
+
+    def __init__(
+        self,
+        sc: Scenario,
+        seed: int,
+        root: Path,
+        *,
+        run_id: str,
+        mode: str,
+        env: Mapping[str, str] | None = None,
+        code: Path | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.sc = sc
+        self.code = code
+        self.seed = seed
+        self.root = root
+        self.run_id = run_id
+        self.mode = mode
+        self.env = dict(env) if env is not None else None
+        self.log = log
+        available = [
+            k
+            for k, c in fl.KINDS.items()
+            if (mode == "netns" or not c.needs_netns) and (mode == "netns" or not c.needs_tmpfs)
+        ]
+        self.plan: Plan = make_plan(sc, seed, available)
+        skipped = sorted({*sc.faults, *sc.net_faults} - set(available))
+        self.result = ScenarioResult(sc.name, seed, mode, sc.nodes)
+        if skipped:
+            self.result.notes.append(
+                f"loopback mode: fault kinds {', '.join(skipped)} need the namespace LAN "
+                "(root) and were left out"
+            )
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> ScenarioResult:
+        t_start = time.monotonic()
+        sc = self.sc
+        tmpfs = {1: TMPFS_MB} if sc.tmpfs_node and self.mode == "netns" else None
+        cl = ChaosCluster(
+            sc.nodes,
+            self.root,
+            run_id=self.run_id,
+            mode=self.mode,
+            args=["--slots", str(sc.slots)],
+            env=self.env,
+            shim=sc.shim,
+            tmpfs_nodes=tmpfs,
+            code=self.code,
+            log=self.log,
+        )
+        try:
+            with cl:
+                first = cl.wait_agree(60)
+                if first is None:
+                    self.result.notes.append("membership did not agree before the workload")
+                self._exercise(cl)
+                self._collect(cl)
+        except Exception as e:
+            self.result.error = f"{type(e).__name__}: {e}"
+            self.log(f"{sc.name}: harness error: {self.result.error}")
+        self.result.wall_s = round(time.monotonic() - t_start, 1)
+        return self.result
+
+    def _exercise(self, cl: ChaosCluster) -> None:
+        sc, plan = self.sc, self.plan
+        self.t0 = time.time()
+        self.wl = Workload(cl, self.root / "marks", self.t0, log=self.log)
+        threads = [
+            threading.Thread(target=self.wl.submit_all, args=(list(plan.submits),), daemon=True),
+            threading.Thread(target=self.wl.drain_all, args=(list(plan.drains),), daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        self.records: list[tuple[fl.Fault, FaultRecord]] = []
+        self.last_heal = time.time()  # start of the last heal
+        self.last_heal_converge: float | None = None  # measured right after it, if it was
+        try:
+            self._nemesis(cl)
+        finally:
+            if self._heal_everything(cl):
+                self.last_heal, self.last_heal_converge = time.time(), None
+            for t in threads:
+                t.join(timeout=max(5.0, sc.duration + 30 - (time.time() - self.t0)))
+            self.wl.stop()
+        self.wl.ensure_undrained()
+        # the membership invariant: all views agree within the bound after the last heal
+        # (from the heal's start; measured right after it when it was, else an upper
+        # bound: the first agreement seen once the workload ended)
+        waited = cl.wait_agree(max(1.0, sc.converge_bound - (time.time() - self.last_heal)))
+        if waited is None:
+            self.result.final_converge_s = None
+        elif self.last_heal_converge is not None:
+            self.result.final_converge_s = self.last_heal_converge
+        else:
+            self.result.final_converge_s = round(time.time() - self.last_heal, 2)
+        self.log(f"{sc.name}: views agree {self.result.final_converge_s}s after the last heal")
+        last_heal = time.monotonic()
+        if self.wl.attempted and len(self.wl.acked) < self.wl.attempted / 2:
+            # a run whose work was mostly refused proves nothing: fail it loudly
+            raise RuntimeError(
+                f"only {len(self.wl.acked)} of {self.wl.attempted} submissions acknowledged: "
+                f"{dict(self.wl.refused)}"
+            )
+        self.result.settle_s = self._settle(cl)
+        self.result.notes.append(f"settled {time.monotonic() - last_heal:.1f}s after last heal")
+
+    def _nemesis(self, cl: ChaosCluster) -> None:
+        events: list[tuple[float, int, str, fl.Fault, FaultPlan]] = []
+        for k, fp in enumerate(self.plan.faults):
+            f = _fault_of(fp)
+            events.append((fp.start, k, "start", f, fp))
+            events.append((fp.end, k, "heal", f, fp))
+        events.sort(key=lambda e: (e[0], e[2] == "start"))
+        active: set[int] = set()
+        for idx, (at, k, what, f, _fp) in enumerate(events):
+            self._wait_until(at)
+            now = time.time()
+            if what == "start":
+                try:
+                    f.start(cl)
+                    f.started_at = now
+                    active.add(k)
+                    rec = FaultRecord(f.describe(), f.kind, round(now - self.t0, 1), 0.0)
+                    self.records.append((f, rec))
+                    self.log(f"{self.sc.name}: +{now - self.t0:5.1f}s start {f.describe()}")
+                except Exception as e:
+                    f.error = f"start failed: {e}"
+                    self.result.notes.append(f"{f.describe()}: {f.error}")
+                    self.log(f"{self.sc.name}: {f.describe()}: {f.error}")
+                continue
+            if k not in active:
+                continue
+            heal_began = self.last_heal = time.time()
+            self.last_heal_converge = None
+            try:
+                f.heal(cl)
+            except Exception as e:
+                f.error = f"heal failed: {e}"
+                self.result.notes.append(f"{f.describe()}: {f.error}")
+            f.healed_at = time.time()
+            active.discard(k)
+            self.log(f"{self.sc.name}: +{f.healed_at - self.t0:5.1f}s heal {f.describe()}")
+            rec = next(r for ff, r in self.records if ff is f)
+            assert f.started_at is not None
+            rec.hold = round(f.healed_at - f.started_at, 1)
+            if active:
+                rec.note = "healed while another fault was active"
+                continue
+            nxt = next((e[0] for e in events[idx + 1 :] if e[2] == "start"), None)
+            limit = 45.0 if nxt is None else max(0.0, self.t0 + nxt - time.time())
+            rec.converge_s = self._converge(cl, heal_began, limit)
+            self.last_heal_converge = rec.converge_s
+            if rec.converge_s is None:
+                rec.note = f"views did not agree within {limit:.0f}s (next fault)"
+
+    def _converge(self, cl: ChaosCluster, since: float, limit: float) -> float | None:
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            if cl.agree():
+                return round(time.time() - since, 2)
+            time.sleep(0.5)
+        return None
+
+    def _wait_until(self, offset: float) -> None:
+        delay = self.t0 + offset - time.time()
+        if delay > 0:
+            time.sleep(delay)
+
+    def _heal_everything(self, cl: ChaosCluster) -> bool:
+        """Heal whatever is still broken (after an error, or a fault the plan left
+        active); True if anything was."""
+        healed = False
+        for f, _ in reversed(self.records):
+            if f.healed_at is None and f.started_at is not None:
+                healed = True
+                try:
+                    f.heal(cl)
+                except Exception as e:
+                    self.result.notes.append(f"{f.describe()}: final heal failed: {e}")
+                f.healed_at = time.time()
+        if cl.lan is not None:
+            cl.lan.heal_all()
+        for a in cl.agents:
+            if a.paused:
+                healed = True
+                a.resume()
+            if not a.alive():
+                healed = True
+                a.start()
+                a.wait_ready()
+        return healed
+
+    def _settle(self, cl: ChaosCluster) -> float | None:
+        """Wait until every acknowledged task is terminal where the checks will look;
+        the checks themselves read the journals afterwards."""
+        t0 = time.monotonic()
+        pending = {(a.id, a.home) for a in self.wl.acked if not a.is_global}
+        pending |= {(a.id, n.name) for a in self.wl.acked if a.is_global for n in cl.agents}
+        unknown: dict[tuple[str, str], int] = {}
+        while time.monotonic() - t0 < self.sc.settle:
+            dead = [a.name for a in cl.agents if a.died()]
+            if dead:
+                self.log(f"{self.sc.name}: agents {dead} died on their own; not waiting")
+                return None
+            done: set[tuple[str, str]] = set()
+            known: set[tuple[str, str]] = set()
+            for a in cl.agents:
+                try:
+                    with a.client(timeout=10) as c:
+                        tasks = c.list(all=True, limit=100_000)
+                except (ClientError, OSError):
+                    continue
+                for t in tasks:
+                    known.add((t["spec"]["id"], a.name))
+                    if t["state"] in inv.TERMINAL:
+                        done.add((t["spec"]["id"], a.name))
+            pending -= done
+            if not pending:
+                return round(time.monotonic() - t0, 1)
+            for p in pending - known:
+                unknown[p] = unknown.get(p, 0) + 1
+            # a task its node has never heard of after ~10 polls will not turn up: it is
+            # lost (or, for a global task, never reached that node); the checks say which
+            if all(unknown.get(p, 0) >= 10 for p in pending):
+                break
+            time.sleep(1.0)
+        self.log(f"{self.sc.name}: {len(pending)} tasks not terminal after {self.sc.settle}s")
+        return None
+
+    # -------------------------------------------------------------- evidence
+
+    def _collect(self, cl: ChaosCluster) -> None:
+        res = self.result
+        views: dict[str, dict[str, str]] = {}
+        for a in cl.agents:
+            p = a.cli("nodes", "--json", timeout=30)
+            if p.returncode == 0:
+                try:
+                    views[a.name] = {str(x["node"]): str(x["state"]) for x in json.loads(p.stdout)}
+                except (ValueError, KeyError, TypeError):
+                    pass
+        infos = {a.name: cl.info(a) for a in cl.agents}
+        shares_now = {n: int(i["shares"]) for n, i in infos.items() if i is not None}
+        res.transfers = sum(
+            int(i["coordinator"].get("transfers_pushed", 0))
+            + int(i["coordinator"].get("transfers_stolen", 0))
+            for i in infos.values()
+            if i is not None
+        )
+        expected = [a.name for a in cl.agents]  # every agent runs again after the heal
+        stop_codes: dict[str, int | None] = {}
+        cl.stop_all(timeout=20)
+        for a in cl.agents:
+            stop_codes[a.name] = a.exits[-1].code if a.exits else None
+        journals: dict[str, JournalData] = {}
+        violations: list[inv.Violation] = []
+        for a in cl.agents:
+            try:
+                journals[a.name] = read_journal(a.name, a.state_dir / "journal.db")
+            except JournalMissing as e:
+                violations.append(inv.Violation(inv.INTEGRITY, a.name, str(e)))
+        marks = read_marks(self.root / "marks")
+        acked = list(self.wl.acked)
+        outcome = inv.check_acked(acked, journals)
+        violations += outcome.violations
+        specs = inv.specs_of(journals)
+        violations += inv.check_executed(acked, journals, marks)
+        violations += inv.check_drain(journals, specs)
+        violations += inv.check_reservations(journals, specs, shares_now)
+        violations += inv.check_membership(views, expected, res.final_converge_s)
+        violations += inv.check_integrity(journals)
+        disk_nodes = {
+            f"n{i}" for f, _ in self.records if isinstance(f, fl.DiskFull) for i in f.targets
+        }
+        for a in cl.agents:
+            allowed = DISK_ERRORS if a.name in disk_nodes else ()
+            violations += inv.check_log(a.name, a.log_text(), allowed)
+            exits = [(x.at, x.code, x.expected) for x in a.exits]
+            violations += inv.check_exits(a.name, exits)
+            if stop_codes[a.name] not in (0, None):
+                violations.append(
+                    inv.Violation(
+                        inv.NO_CRASH, a.name, f"exit code {stop_codes[a.name]} on SIGTERM"
+                    )
+                )
+        # figures
+        res.attempted = self.wl.attempted
+        res.acked = len(acked)
+        res.acked_by_kind = dict(self.wl.kinds)
+        res.refused = dict(self.wl.refused)
+        res.states = dict(outcome.states)
+        res.lost = len(outcome.lost)
+        res.lost_ids = list(outcome.lost)[:20]
+        res.completed = sum(v for k, v in outcome.states.items() if k in inv.TERMINAL)
+        res.dup_exec = inv.duplicate_executions(acked, marks)
+        starts = inv.starts_by_task(journals)
+        res.dup_starts = sum(max(0, starts[a.id] - 1) for a in acked if not a.is_global)
+        res.handoffs = sum(
+            1
+            for j in journals.values()
+            for e in j.transitions
+            if e.cause.startswith("handed off to")
+        )
+        res.drains = sum(len(j.shares) for j in journals.values())
+        self._detection(cl)
+        res.faults = [r for _, r in self.records]
+        res.violations = [str(v) for v in violations[:200]]
+        res.violated = sorted({v.invariant for v in violations})
+        if len(violations) > 200:
+            res.notes.append(f"{len(violations) - 200} more violations not listed")
+
+    def _detection(self, cl: ChaosCluster) -> None:
+        """Time from each fault's start to the first agent that suspected a node it cut
+        off (from the agents' own logs)."""
+        seen: list[tuple[float, str, str]] = []  # (ts, observer, suspected peer)
+        for a in cl.agents:
+            for line in a.log_text().splitlines():
+                if "event=member." not in line:
+                    continue
+                kv = inv.logfmt(line)
+                if kv.get("event") in SUSPECT_EVENTS and "ts" in kv and "peer" in kv:
+                    try:
+                        seen.append((float(kv["ts"]), a.name, kv["peer"]))
+                    except ValueError:
+                        continue
+        names = [a.name for a in cl.agents]
+        for f, rec in self.records:
+            if not f.detectable or f.started_at is None:
+                continue
+            tg = {f"n{i}" for i in f.targets}
+            rest = [n for n in names if n not in tg]
+            pairs = {(o, v) for o in rest for v in tg}
+            if isinstance(f, fl.Split):
+                pairs |= {(v, o) for o in rest for v in tg}
+            end = f.healed_at or float("inf")
+            hits = [ts for ts, o, p in seen if (o, p) in pairs and f.started_at <= ts <= end]
+            rec.detect_s = round(min(hits) - f.started_at, 2) if hits else None
+            if not hits:
+                rec.note = (rec.note + "; " if rec.note else "") + "not suspected while active"
+
+
+def count(xs: Sequence[str]) -> dict[str, int]:
+    return dict(Counter(xs))

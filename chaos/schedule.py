@@ -1,0 +1,184 @@
+"""Seeded plans for a chaos run: the nemesis (which fault, where, when, for how long),
+the drains, and the workload. Pure: the same seed and scenario give the same plan, so
+a failing run is replayed with `python -m chaos.run --scenario NAME --seed S`
+(the plan replays exactly; thread timing on a busy machine does not).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import attrs
+
+
+@attrs.frozen
+class Scenario:
+    """What a run does. Durations are seconds of workload; faults stop before the end."""
+
+    name: str
+    nodes: int = 5
+    duration: float = 40.0
+    tasks: int = 120
+    faults: tuple[str, ...] = ()  # kinds the nemesis draws from (lane 1)
+    net_faults: tuple[str, ...] = ()  # a second, overlapping lane (mixed scenarios)
+    hold: tuple[float, float] = (5.0, 10.0)  # how long a fault lasts
+    gap: tuple[float, float] = (3.0, 6.0)  # quiet time between faults of one lane
+    drains: bool = True
+    shim: str | None = None  # every agent runs under this transport fault spec
+    tmpfs_node: bool = False  # node 1's state dir on a small tmpfs (disk-full)
+    slots: int = 4
+    task_seconds: tuple[float, float] = (0.1, 0.8)  # how long each task sleeps
+    bursts: int = 0  # bursts of 8 tasks at one node, to build queues (transfers)
+    settle: float = 120.0  # longest wait for acknowledged tasks after the last heal
+    converge_bound: float = 60.0  # membership must agree within this after the last heal
+    globals: int = 3
+    canary: bool = False  # add a burst at node 1 drained right after (self-test workload)
+    description: str = ""
+
+
+@attrs.frozen
+class FaultPlan:
+    kind: str
+    targets: tuple[int, ...]
+    start: float
+    end: float
+    lane: int = 1
+
+
+@attrs.frozen
+class DrainPlan:
+    node: int
+    start: float
+    end: float
+
+
+@attrs.frozen
+class SubmitPlan:
+    at: float
+    node: int
+    kind: str  # plain | weighted | reserved | no-retry | global
+    seconds: float  # how long the task sleeps
+    weight: float | None = None
+    reserve: int = 0
+
+
+@attrs.frozen
+class Plan:
+    faults: tuple[FaultPlan, ...]
+    drains: tuple[DrainPlan, ...]
+    submits: tuple[SubmitPlan, ...]
+
+
+def _targets(kind: str, n: int, rng: random.Random, tmpfs_node: int) -> tuple[int, ...]:
+    nodes = list(range(1, n + 1))
+    if kind == "disk-full":
+        return (tmpfs_node,)
+    if kind == "split":
+        k = max(1, n // 2)
+        return tuple(sorted(rng.sample(nodes, k)))
+    if kind == "loss" and n >= 4:
+        return tuple(sorted(rng.sample(nodes, 2)))
+    return (rng.choice(nodes),)
+
+
+def nemesis(
+    sc: Scenario, kinds: Sequence[str], rng: random.Random, lane: int, warmup: float = 4.0
+) -> list[FaultPlan]:
+    """Faults one after another (within a lane), each healed before the next starts;
+    the last one is healed a few seconds before the workload ends."""
+    out: list[FaultPlan] = []
+    if not kinds:
+        return out
+    t = warmup + rng.uniform(0.0, 2.0)
+    end_by = sc.duration - 3.0
+    order: list[str] = []
+    while True:
+        if not order:  # every kind once, in a random order, then again
+            order = rng.sample(list(kinds), len(kinds))
+        kind = order.pop()
+        hold = rng.uniform(*sc.hold)
+        if t + hold > end_by:
+            if out:
+                break
+            hold = max(2.0, end_by - t)
+        out.append(FaultPlan(kind, _targets(kind, sc.nodes, rng, 1), t, t + hold, lane))
+        t += hold + rng.uniform(*sc.gap)
+        if t >= end_by - 2.0:
+            break
+    return out
+
+
+def drains(sc: Scenario, rng: random.Random) -> list[DrainPlan]:
+    """One node drained at a time, for a few seconds, now and then."""
+    out: list[DrainPlan] = []
+    if not sc.drains or sc.nodes < 2:
+        return out
+    t = 2.0 + rng.uniform(0.0, 4.0)
+    while t + 3.0 < sc.duration - 2.0:
+        hold = rng.uniform(3.0, 7.0)
+        out.append(DrainPlan(rng.randint(1, sc.nodes), t, min(t + hold, sc.duration - 2.0)))
+        t += hold + rng.uniform(3.0, 9.0)
+    return out
+
+
+def workload(sc: Scenario, rng: random.Random) -> list[SubmitPlan]:
+    """Short tasks at random nodes and times: plain, weighted, reserved, --no-retry,
+    a few global ones, and bursts at one node."""
+    out: list[SubmitPlan] = []
+    span = max(1.0, sc.duration - 4.0)
+    times = [rng.uniform(0.5, span) for _ in range(sc.tasks)]
+    nodes = [rng.randint(1, sc.nodes) for _ in range(sc.tasks)]
+    for b in range(sc.bursts):
+        at, node = span * (b + 0.3) / sc.bursts, rng.randint(1, sc.nodes)
+        times += [at + 0.01 * k for k in range(8)]
+        nodes += [node] * 8
+    for at, node in zip(times, nodes, strict=True):
+        secs = round(rng.uniform(*sc.task_seconds), 2)
+        r = rng.random()
+        if r < 0.55:
+            out.append(SubmitPlan(at, node, "plain", secs))
+        elif r < 0.72:
+            out.append(SubmitPlan(at, node, "weighted", secs, weight=round(rng.uniform(0.5, 4), 2)))
+        elif r < 0.86:
+            reserve = rng.choice([200, 300, 400, 600])
+            out.append(SubmitPlan(at, node, "reserved", secs, reserve=reserve))
+        else:
+            out.append(SubmitPlan(at, node, "no-retry", secs))
+    for k in range(sc.globals):
+        at = span * (k + 0.5) / max(1, sc.globals)
+        out.append(SubmitPlan(at, rng.randint(1, sc.nodes), "global", 0.2))
+    out.sort(key=lambda s: s.at)
+    return out
+
+
+def canary_burst(sc: Scenario) -> tuple[list[SubmitPlan], list[DrainPlan]]:
+    """The other nodes drained first, so that a burst at node 1 of long-ish tasks and of
+    reserving tasks that cannot all run at once stays in node 1's run queue; then node 1
+    drained too while most of them still wait there (with every node drained, nothing
+    can move them away). A build that ignores drain or oversubscribes reservations shows
+    it here every time."""
+    burst = []
+    for k in range(8):
+        burst.append(SubmitPlan(1.0 + 0.02 * k, 1, "plain", 2.0))
+        burst.append(SubmitPlan(1.01 + 0.02 * k, 1, "reserved", 1.5, reserve=600))
+    until = min(7.0, sc.duration - 1.0)
+    others = [DrainPlan(i, 0.3, until) for i in range(2, sc.nodes + 1)]
+    return burst, [*others, DrainPlan(1, 1.6, until)]
+
+
+def make_plan(sc: Scenario, seed: int, available: Sequence[str] | None = None) -> Plan:
+    """The whole plan of a run; fault kinds not in `available` (e.g. network faults
+    without root) are left out."""
+    rng = random.Random(f"{sc.name}:{seed}")
+    ok = set(available) if available is not None else None
+    lane1 = [k for k in sc.faults if ok is None or k in ok]
+    lane2 = [k for k in sc.net_faults if ok is None or k in ok]
+    faults = nemesis(sc, lane1, rng, 1) + nemesis(sc, lane2, rng, 2, warmup=8.0)
+    faults.sort(key=lambda f: f.start)
+    submits = workload(sc, rng)
+    drain_plan = drains(sc, rng)
+    if sc.canary:
+        burst, drain_plan = canary_burst(sc)
+        submits = sorted([*submits, *burst], key=lambda s: s.at)
+    return Plan(tuple(faults), tuple(drain_plan), tuple(submits))

@@ -1,0 +1,76 @@
+"""The scenarios of each suite. `full` (make chaos) takes about 15 minutes on 2 cores;
+`smoke` (make chaos-smoke, part of make test) about a minute and a half."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .schedule import Scenario
+
+SHIM = "drop=0.05,delay=0.005:0.03,dup=0.05,reorder=0.1"
+
+
+def _full(name: str, **kw: Any) -> Scenario:
+    """Full-suite defaults: 5 agents with 2 slots each, tasks of 0.2-2 s and bursts that
+    build queues, so faults hit running and queued work and transfers happen."""
+    base: dict[str, Any] = {
+        "nodes": 5, "duration": 40.0, "tasks": 110, "slots": 2,
+        "task_seconds": (0.2, 2.0), "bursts": 4,
+    }  # fmt: skip
+    return Scenario(name, **{**base, **kw})
+
+
+FULL: tuple[Scenario, ...] = (
+    _full("kill-restart", faults=("kill",), hold=(3.0, 8.0),
+          description="kill -9 of one agent, restart from its state dir"),
+    _full("pause", faults=("pause",), hold=(3.0, 8.0),
+          description="SIGSTOP/SIGCONT: a frozen agent comes back after being declared dead"),
+    _full("isolate", faults=("isolate",),
+          description="one node cut off from everyone (nftables on the bridge)"),
+    _full("split", faults=("split",),
+          description="the cluster split in two halves"),
+    _full("one-way", faults=("one-way",),
+          description="one node's frames to the others dropped; it still hears them"),
+    _full("loss-bandwidth", faults=("loss", "bandwidth"),
+          description="30% random loss on two nodes (nft numgen) / tbf 256kbit on one"),
+    _full("shim", faults=("shim",), shim=SHIM,
+          description="every agent under drop/delay/dup/reorder in its transport; "
+          "one at a time restarted under a heavier spec"),
+    _full("cpu-hog", faults=("cpu-hog",),
+          description="busy loops in one node's namespace (the whole host feels them)"),
+    _full("disk-full", faults=("disk-full",), tmpfs_node=True, hold=(5.0, 9.0),
+          description="node 1's state dir on a 24 MiB tmpfs, filled to ENOSPC"),
+    _full("mixed", nodes=6, duration=60.0, tasks=160, bursts=6, tmpfs_node=True,
+          faults=("kill", "pause", "shim", "cpu-hog", "disk-full"),
+          net_faults=("isolate", "split", "one-way", "loss", "bandwidth"),
+          description="two overlapping nemesis lanes (process and network faults)"),
+)  # fmt: skip
+
+SMOKE: tuple[Scenario, ...] = (
+    Scenario("smoke", nodes=4, duration=30.0, tasks=80, slots=2, bursts=2, faults=("kill",),
+             net_faults=("isolate",), hold=(3.0, 6.0), gap=(2.0, 4.0), globals=2,
+             settle=90.0, description="kill -9 and an isolated node, with drains"),
+)  # fmt: skip
+
+# The self-test workload: no faults, a burst on node 1 and a drain of node 1 right after.
+CANARY = Scenario(
+    "canary",
+    nodes=3,
+    duration=10.0,
+    tasks=20,
+    drains=False,
+    canary=True,
+    globals=1,
+    settle=60.0,
+    description="broken-build self-test: burst + drain on one node, reserving tasks",
+)
+
+SUITES: dict[str, tuple[Scenario, ...]] = {"full": FULL, "smoke": SMOKE, "canary": (CANARY,)}
+
+
+def find(name: str) -> Scenario:
+    for suite in SUITES.values():
+        for sc in suite:
+            if sc.name == name:
+                return sc
+    raise KeyError(name)

@@ -1,0 +1,173 @@
+"""The workload side of a run: submissions at random nodes and drains/undrains, driven
+through each agent's Unix socket exactly as `swarm submit` / `swarm drain` do.
+
+The one piece of harness bookkeeping the checks take from here is `acked`: the tasks
+whose submit returned an id (and at which node). Everything else is read back from the
+agents afterwards.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from swarm.client import ClientError, RequestFailed
+
+from .cluster import ChaosAgent, ChaosCluster
+from .invariants import Acked
+from .schedule import DrainPlan, SubmitPlan
+
+SUBMIT_TIMEOUT = 4.0
+
+
+def task_argv(marks: Path, seconds: float) -> list[str]:
+    """The task: leave a mark (node and attempt) in a shared dir, then sleep a little."""
+    mark = shlex.quote(str(marks)) + '/"$SWARM_TASK_ID"'
+    return ["sh", "-c", f'echo "$SWARM_NODE $SWARM_ATTEMPT" >> {mark}; sleep {seconds}']
+
+
+def read_marks(marks: Path) -> dict[str, list[str]]:
+    """Task id -> the node of each execution that started its shell."""
+    out: dict[str, list[str]] = {}
+    for p in marks.iterdir() if marks.is_dir() else []:
+        try:
+            lines = p.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        out[p.name] = [ln.split()[0] for ln in lines if ln.strip()]
+    return out
+
+
+class Workload:
+    def __init__(
+        self,
+        cl: ChaosCluster,
+        marks: Path,
+        t0: float,
+        log: Callable[[str], None] = lambda s: None,
+    ) -> None:
+        self.cl = cl
+        self.marks = marks
+        marks.mkdir(parents=True, exist_ok=True)
+        self.t0 = t0
+        self.log = log
+        self.acked: list[Acked] = []
+        self.kinds: Counter[str] = Counter()  # acknowledged, by workload kind
+        self.attempted = 0
+        self.refused: Counter[str] = Counter()  # why submissions were not acknowledged
+        self.drains_done = 0
+        self.drains_skipped = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _sleep_until(self, offset: float) -> bool:
+        delay = self.t0 + offset - time.time()
+        if delay > 0:
+            return not self._stop.wait(delay)
+        return not self._stop.is_set()
+
+    # ----------------------------------------------------------- submissions
+
+    def submit_all(self, plans: list[SubmitPlan], workers: int = 4) -> None:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="submit") as pool:
+            for sp in plans:
+                if not self._sleep_until(sp.at):
+                    break
+                pool.submit(self._submit, sp)
+
+    def _submit(self, sp: SubmitPlan) -> None:
+        a = self.cl.agents[sp.node - 1]
+        extra: dict[str, Any] = {}
+        if sp.weight is not None:
+            extra["weight"] = sp.weight
+        if sp.reserve:
+            extra["reserve_shares"] = sp.reserve
+        if sp.kind == "global":
+            extra["is_global"] = True
+        with self._lock:
+            self.attempted += 1
+        try:
+            with a.client(timeout=SUBMIT_TIMEOUT) as c:
+                tid = c.submit(
+                    task_argv(self.marks, sp.seconds),
+                    cwd="/",
+                    no_retry=sp.kind == "no-retry",
+                    name=sp.kind,
+                    **extra,
+                )
+        except RequestFailed as e:
+            self._refuse(e.code)
+            return
+        except TimeoutError:
+            self._refuse("timeout")
+            return
+        except (ClientError, OSError) as e:
+            self._refuse("unreachable")
+            if self.refused["unreachable"] <= 3:
+                self.log(f"submit to {a.name}: {type(e).__name__}: {e}")
+            return
+        with self._lock:
+            self.acked.append(Acked(tid, a.name, sp.kind == "global"))
+            self.kinds[sp.kind] += 1
+
+    def _refuse(self, why: str) -> None:
+        with self._lock:
+            self.refused[why] += 1
+
+    # ---------------------------------------------------------------- drains
+
+    def drain_all(self, plans: list[DrainPlan]) -> None:
+        """Each drain in its own thread (they may overlap); returns when all are undone."""
+        threads = [threading.Thread(target=self._drain, args=(dp,), daemon=True) for dp in plans]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def _drain(self, dp: DrainPlan) -> None:
+        if not self._sleep_until(dp.start):
+            return
+        a = self.cl.agents[dp.node - 1]
+        if not a.alive() or a.paused or not self._shares(a, drain=True):
+            with self._lock:
+                self.drains_skipped += 1
+            return
+        with self._lock:
+            self.drains_done += 1
+        self._sleep_until(dp.end)
+        self.undrain(a, deadline=60.0)
+
+    def _shares(self, a: ChaosAgent, **fields: Any) -> bool:
+        try:
+            with a.client(timeout=SUBMIT_TIMEOUT) as c:
+                c.call("shares", **fields)
+            return True
+        except (ClientError, OSError):
+            return False
+
+    def undrain(self, a: ChaosAgent, deadline: float) -> bool:
+        """Undrain, retrying while the agent is down or frozen."""
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            if a.alive() and not a.paused and self._shares(a, undrain=True):
+                return True
+            time.sleep(0.5)
+        self.log(f"could not undrain {a.name}")
+        return False
+
+    def ensure_undrained(self) -> None:
+        """After the last heal: no node is left drained (a drain that timed out on a
+        frozen agent may have landed after its undrain)."""
+        for a in self.cl.agents:
+            info = self.cl.info(a)
+            if info is not None and info.get("shares") == 0:
+                self.undrain(a, deadline=30.0)

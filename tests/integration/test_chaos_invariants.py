@@ -1,0 +1,345 @@
+"""The chaos suite's invariant checkers, on synthetic journals (pure and fast).
+
+Each checker must pass a clean history and name its invariant on a broken one; the
+journal reader must decode what the agent's own Journal writes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import hypothesis.strategies as st
+import trio
+from hypothesis import given, settings
+
+from chaos import invariants as inv
+from chaos.journals import JournalData, SharesEvent, TransitionEvent, read_journal
+from chaos.schedule import Scenario, make_plan
+from chaos.suites import CANARY, FULL, SMOKE
+from swarm import model as m
+from swarm.logs import _logfmt_value
+from swarm.runtime.journal import Event, Journal, PutTask
+
+T0 = 1_000_000.0
+
+
+def _spec(tid: str, home: str = "n1", reserve: int = 0, is_global: bool = False) -> m.TaskSpec:
+    return m.TaskSpec(
+        id=tid, argv=("true",), home=home, reserve_shares=reserve, is_global=is_global
+    )
+
+
+def _task(spec: m.TaskSpec, moves: list[tuple[float, m.TaskState, str]]) -> m.Task:
+    t = m.new_task(spec, T0, spec.home)
+    for at, dst, node in moves:
+        t = m.transition(t, dst, at, "test", node=node)
+    return t
+
+
+class Book:
+    """Builds one node's JournalData the way the agent journals: a transition event per
+    record write, with the writer's idea of where the task is."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.tasks: dict[str, m.Task] = {}
+        self.events: list[TransitionEvent] = []
+        self.shares: list[SharesEvent] = []
+        self.seq = 0
+
+    def _ev(self, tid: str, at: float, src: str | None, dst: str, node: str) -> None:
+        self.seq += 1
+        self.events.append(TransitionEvent(self.seq, at, tid, node, src, dst, "test"))
+
+    def submit(self, spec: m.TaskSpec, at: float = T0) -> None:
+        self.tasks[spec.id] = m.new_task(spec, at, self.node)
+        self._ev(spec.id, at, None, "queued", self.node)
+
+    def move(self, tid: str, dst: m.TaskState, at: float, node: str | None = None) -> None:
+        old = self.tasks[tid]
+        where = node or self.node
+        self.tasks[tid] = m.transition(old, dst, at, "test", node=where)
+        self._ev(tid, at, old.state.value, dst.value, where)
+
+    def run(self, spec: m.TaskSpec, start: float, end: float) -> None:
+        self.submit(spec, start - 0.1)
+        self.move(spec.id, m.TaskState.RUNNING, start)
+        self.move(spec.id, m.TaskState.SUCCEEDED, end)
+
+    def set_shares(self, at: float, old: int, new: int) -> None:
+        self.seq += 1
+        self.shares.append(SharesEvent(self.seq, at, old, new))
+
+    def data(self) -> JournalData:
+        return JournalData(self.node, dict(self.tasks), tuple(self.events), tuple(self.shares))
+
+
+# --------------------------------------------------------------- results
+
+
+def test_acked_tasks_terminal_with_one_result_pass() -> None:
+    b = Book("n1")
+    b.run(_spec("t1"), T0 + 1, T0 + 2)
+    out = inv.check_acked([inv.Acked("t1", "n1")], {"n1": b.data()})
+    assert out.violations == () and out.lost == () and out.states == {"succeeded": 1}
+
+
+def test_an_acked_task_missing_from_its_home_is_lost() -> None:
+    out = inv.check_acked([inv.Acked("t9", "n1")], {"n1": Book("n1").data()})
+    assert out.lost == ("t9",)
+    assert [v.invariant for v in out.violations] == [inv.ACKED]
+
+
+def test_an_acked_task_never_finished_is_lost() -> None:
+    b = Book("n1")
+    b.submit(_spec("t1"))
+    b.move("t1", m.TaskState.RUNNING, T0 + 1)
+    out = inv.check_acked([inv.Acked("t1", "n1")], {"n1": b.data()})
+    assert out.lost == ("t1",) and out.states == {"unfinished": 1}
+    assert "never finished" in str(out.violations[0])
+
+
+def test_two_journaled_results_break_one_result() -> None:
+    b = Book("n1")
+    b.run(_spec("t1"), T0 + 1, T0 + 2)
+    b._ev("t1", T0 + 3, "running", "failed", "n1")  # a second result written over the first
+    out = inv.check_acked([inv.Acked("t1", "n1")], {"n1": b.data()})
+    assert [v.invariant for v in out.violations] == [inv.ONE_RESULT]
+    assert out.lost == ()
+
+
+def test_a_lost_no_retry_task_is_a_result_not_lost_work() -> None:
+    b = Book("n1")
+    b.submit(_spec("t1"))
+    b.move("t1", m.TaskState.RUNNING, T0 + 1, node="n2")
+    b.move("t1", m.TaskState.LOST, T0 + 2, node="n2")
+    out = inv.check_acked([inv.Acked("t1", "n1")], {"n1": b.data()})
+    assert out.violations == () and out.states == {"lost": 1} and out.lost == ()
+
+
+def test_a_global_task_must_finish_on_every_node() -> None:
+    books = {n: Book(n) for n in ("n1", "n2")}
+    books["n1"].run(_spec("g1", is_global=True), T0 + 1, T0 + 2)
+    journals = {n: b.data() for n, b in books.items()}
+    out = inv.check_acked([inv.Acked("g1", "n1", is_global=True)], journals)
+    assert out.lost == ("g1",)
+    assert out.violations[0].node == "n2" and out.violations[0].invariant == inv.ACKED
+    books["n2"].run(_spec("g1", is_global=True), T0 + 1, T0 + 3)
+    journals = {n: b.data() for n, b in books.items()}
+    assert inv.check_acked([inv.Acked("g1", "n1", is_global=True)], journals).violations == ()
+
+
+def test_success_without_any_execution_is_flagged() -> None:
+    b = Book("n1")
+    b.run(_spec("t1"), T0 + 1, T0 + 2)
+    acked = [inv.Acked("t1", "n1")]
+    assert inv.check_executed(acked, {"n1": b.data()}, {"t1": ["n1"]}) == []
+    vs = inv.check_executed(acked, {"n1": b.data()}, {})
+    assert [v.invariant for v in vs] == [inv.EXECUTED]
+
+
+def test_duplicate_executions_count_extra_runs_per_node_for_globals() -> None:
+    acked = [inv.Acked("t1", "n1"), inv.Acked("g1", "n1", is_global=True)]
+    marks = {"t1": ["n1", "n2", "n2"], "g1": ["n1", "n2", "n2", "n3"]}
+    assert inv.duplicate_executions(acked, marks) == 2 + 1
+
+
+def test_starts_are_counted_in_the_executors_own_journals() -> None:
+    home, ex = Book("n1"), Book("n2")
+    home.submit(_spec("t1"))
+    home.move("t1", m.TaskState.RUNNING, T0 + 2, node="n2")  # the home's record of it
+    ex.run(_spec("t1"), T0 + 1, T0 + 2)
+    assert inv.starts_by_task({"n1": home.data(), "n2": ex.data()})["t1"] == 1
+
+
+# ------------------------------------------------------------------- drain
+
+
+def test_a_start_while_drained_is_flagged_and_one_before_is_not() -> None:
+    b = Book("n1")
+    b.run(_spec("before"), T0 + 1, T0 + 5)  # started before the drain, still running
+    b.set_shares(T0 + 2, 1024, 0)
+    b.run(_spec("during"), T0 + 3, T0 + 4)
+    b.set_shares(T0 + 6, 0, 1024)
+    b.run(_spec("after"), T0 + 7, T0 + 8)
+    b.run(_spec("glob", is_global=True), T0 + 3.5, T0 + 4)  # global tasks may
+    j = {"n1": b.data()}
+    vs = inv.check_drain(j, inv.specs_of(j))
+    assert [v.invariant for v in vs] == [inv.DRAIN]
+    assert "during" in vs[0].detail
+
+
+def test_starts_recorded_by_a_home_for_another_node_are_not_that_nodes_starts() -> None:
+    home = Book("n1")
+    home.set_shares(T0 + 1, 1024, 0)
+    home.submit(_spec("t1"))
+    home.move("t1", m.TaskState.RUNNING, T0 + 2, node="n2")  # ran on n2, not here
+    j = {"n1": home.data()}
+    assert inv.check_drain(j, inv.specs_of(j)) == []
+
+
+# ------------------------------------------------------------ reservations
+
+
+def test_reservations_that_fit_pass_and_lowering_shares_kills_nothing() -> None:
+    b = Book("n1")
+    b.run(_spec("a", reserve=600), T0 + 1, T0 + 3)
+    b.run(_spec("b", reserve=400), T0 + 2, T0 + 4)
+    b.set_shares(T0 + 2.5, 1024, 500)  # below what runs: legal, blocks further starts
+    b.run(_spec("c", reserve=100), T0 + 5, T0 + 6)
+    j = {"n1": b.data()}
+    assert inv.check_reservations(j, inv.specs_of(j), {"n1": 1024}) == []
+
+
+def test_two_reservations_over_the_shares_at_once_are_flagged() -> None:
+    b = Book("n1")
+    b.run(_spec("a", reserve=600), T0 + 1, T0 + 3)
+    b.run(_spec("b", reserve=600), T0 + 2, T0 + 4)
+    j = {"n1": b.data()}
+    vs = inv.check_reservations(j, inv.specs_of(j), {"n1": 1024})
+    assert [v.invariant for v in vs] == [inv.RESERVE]
+    assert "task b reserving 600" in vs[0].detail
+
+
+def test_a_start_with_no_unreserved_share_is_flagged() -> None:
+    b = Book("n1")
+    b.run(_spec("a", reserve=1024), T0 + 1, T0 + 3)
+    b.run(_spec("b"), T0 + 2, T0 + 4)
+    j = {"n1": b.data()}
+    assert [v.invariant for v in inv.check_reservations(j, inv.specs_of(j), {})] == [inv.RESERVE]
+
+
+def test_a_restart_ends_a_run_in_the_journal() -> None:
+    b = Book("n1")
+    b.submit(_spec("a", reserve=600))
+    b.move("a", m.TaskState.RUNNING, T0 + 1)
+    b.move("a", m.TaskState.QUEUED, T0 + 2)  # agent restarted: requeued
+    b.run(_spec("b", reserve=600), T0 + 3, T0 + 4)
+    j = {"n1": b.data()}
+    assert inv.check_reservations(j, inv.specs_of(j), {"n1": 1024}) == []
+
+
+def test_shares_at_follows_the_journaled_changes() -> None:
+    evs = [SharesEvent(1, 10.0, 1024, 0), SharesEvent(2, 20.0, 0, 512)]
+    assert [inv.shares_at(evs, 7, t) for t in (5.0, 10.0, 15.0, 25.0)] == [1024, 0, 0, 512]
+    assert inv.shares_at([], 7, 5.0) == 7
+
+
+# -------------------------------------------------------------- membership
+
+
+def test_membership_agreement() -> None:
+    ok = {"n1": {"n1": "alive", "n2": "alive"}, "n2": {"n1": "alive", "n2": "alive"}}
+    assert inv.check_membership(ok, ["n1", "n2"], 0.5) == []
+    bad = {"n1": {"n1": "alive", "n2": "dead"}}
+    vs = inv.check_membership(bad, ["n1", "n2"], None)
+    assert {v.invariant for v in vs} == {inv.MEMBERSHIP}
+    assert len(vs) == 3  # no agreement in time, n1 misses n2, n2 did not answer
+
+
+# -------------------------------------------------------------------- logs
+
+
+def test_logs_tracebacks_stacks_and_errors() -> None:
+    clean = "ts=1 level=info event=agent.ready node=n1\n# chaos: start Traceback-free\n"
+    assert inv.check_log("n1", clean) == []
+    text = (
+        'ts=1 level=error event=api.handler_crashed node=n1 stack="Traceback\\n..."\n'
+        "Traceback (most recent call last):\n"
+        "ts=2 level=error event=journal.write_failed node=n1\n"
+    )
+    assert len(inv.check_log("n1", text)) == 3
+    assert len(inv.check_log("n1", text, allowed_errors=["journal.write_failed"])) == 2
+
+
+def test_exits_the_harness_did_not_cause_are_crashes() -> None:
+    vs = inv.check_exits("n1", [(1.0, -9, True), (2.0, 0, False), (3.0, 1, False)])
+    assert [v.invariant for v in vs] == [inv.NO_CRASH, inv.NO_CRASH]
+    assert "did not send" in vs[0].detail and "code 1" in vs[1].detail
+
+
+def test_integrity() -> None:
+    good = Book("n1").data()
+    bad = JournalData("n2", {}, (), (), integrity="*** in database main ***", bad_records=2)
+    vs = inv.check_integrity({"n1": good, "n2": bad})
+    assert [v.node for v in vs] == ["n2", "n2"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(
+        st.from_regex(r"[a-z][a-z_.]{0,8}", fullmatch=True),
+        st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=20)
+        | st.sampled_from(['a "quoted" value', "back\\slash", "two\nlines", ""]),
+        max_size=6,
+    )
+)
+def test_logfmt_reads_what_the_agent_writes(fields: dict[str, str]) -> None:
+    line = " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items())
+    assert inv.logfmt(line) == fields
+
+
+# ---------------------------------------------------------------- journals
+
+
+async def test_read_journal_decodes_the_agents_own_journal(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "journal.db", node="n1")
+    spec = _spec("t1", reserve=300)
+    t = m.new_task(spec, time.time(), "n1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        await j.commit([PutTask(t)])
+        t = m.transition(t, m.TaskState.RUNNING, time.time(), "started", node="n1")
+        await j.commit(
+            [PutTask(t), Event(time.time(), "shares", None, "n1", {"old": 1024, "new": 0})]
+        )
+        nursery.cancel_scope.cancel()
+    j.close()
+    data = read_journal("n1", tmp_path / "journal.db")
+    assert data.integrity == "ok" and data.bad_records == 0
+    assert data.tasks["t1"].spec.reserve_shares == 300
+    assert [(e.src, e.dst, e.node) for e in data.transitions] == [
+        (None, "queued", "n1"),
+        ("queued", "running", "n1"),
+    ]
+    assert [(s.old, s.new) for s in data.shares] == [(1024, 0)]
+
+
+# ---------------------------------------------------------------- schedule
+
+
+def test_plans_are_seeded_and_heal_before_the_workload_ends() -> None:
+    for sc in (*FULL, *SMOKE, CANARY):
+        a, b = make_plan(sc, 7), make_plan(sc, 7)
+        assert a == b
+        assert make_plan(sc, 8) != a or not a.faults
+        for f in a.faults:
+            assert 0 < f.start < f.end <= sc.duration - 3.0 + 1e-9, (sc.name, f)
+            assert all(1 <= i <= sc.nodes for i in f.targets)
+        assert all(d.end <= sc.duration for d in a.drains)
+        assert all(0 < s.at < sc.duration for s in a.submits)
+
+
+def test_a_single_lane_draws_every_fault_kind_before_repeating() -> None:
+    sc = Scenario("two", faults=("loss", "bandwidth"), duration=40.0, hold=(3.0, 4.0))
+    for seed in range(20):
+        kinds = [f.kind for f in make_plan(sc, seed).faults]
+        assert len(kinds) >= 2 and set(kinds[:2]) == {"loss", "bandwidth"}
+
+
+def test_network_faults_are_left_out_when_unavailable() -> None:
+    sc = next(s for s in FULL if s.name == "mixed")
+    plan = make_plan(sc, 3, available=["kill", "pause", "shim", "cpu-hog"])
+    assert plan.faults and {f.kind for f in plan.faults} <= {"kill", "pause", "shim", "cpu-hog"}
+
+
+def test_the_canary_buries_node_1_in_work_then_drains_everyone() -> None:
+    plan = make_plan(CANARY, random.Random(1).randint(0, 99))
+    at_n1 = [s for s in plan.submits if s.node == 1 and 1.0 <= s.at < 1.2]
+    assert len(at_n1) >= 16 and sum(1 for s in at_n1 if s.reserve == 600) >= 8
+    drained = {d.node for d in plan.drains}
+    assert drained == set(range(1, CANARY.nodes + 1))
+    n1 = next(d for d in plan.drains if d.node == 1)
+    assert all(d.start < n1.start < d.end for d in plan.drains if d.node != 1)
