@@ -284,13 +284,35 @@ class Agent:
         )
 
     async def _signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
             if self._outside_signal is not None:  # arrived during start-up
                 self.log.info("agent.signal", signal=signal.Signals(self._outside_signal).name)
                 self.request_stop()
             async for sig in sigs:
                 self.log.info("agent.signal", signal=signal.Signals(sig).name)
-                self.request_stop()
+                if sig == signal.SIGHUP:
+                    self.reload_keyring()
+                else:
+                    self.request_stop()
+
+    def reload_keyring(self) -> None:
+        """SIGHUP: read the key file again (key rotation without downtime). A bad file
+        keeps the old keys and says why."""
+        if self.config.keyring is None:
+            self.log.info("agent.keyring_reload", result="insecure mode: no keyring to reload")
+            return
+        try:
+            keyring = Keyring.load(self.config.keyring)
+        except (KeyringError, OSError) as e:
+            self.log.error("agent.keyring_reload", result="kept the old keys", error=str(e))
+            return
+        self.cluster.reload_keyring(keyring)
+        self.log.info(
+            "agent.keyring_reload",
+            result="ok",
+            keys=len(keyring.keys),
+            primary=keyring.fingerprints()[0],
+        )
 
     def _catch_outside_signals(self) -> None:
         """SIGTERM/SIGINT while trio's receiver is not installed (start-up, and the

@@ -228,6 +228,12 @@ class ClusterNode:
         except TransportError as e:
             self.log.debug("cluster.reliable_failed", dest=f"{o.dest[0]}:{o.dest[1]}", error=str(e))
 
+    def reload_keyring(self, keyring: Keyring) -> None:
+        """New keys for everything sent from now on; all of them open what arrives."""
+        self.keyring = keyring
+        if self.transport is not None and self.transport.sealer is not None:
+            self.transport.sealer.reload(keyring)
+
     def set_local_load(self, report: m.LoadReport) -> None:
         if self.membership is not None:
             self.membership.set_local_load(report, trio.current_time())

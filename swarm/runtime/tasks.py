@@ -88,7 +88,16 @@ class TaskTable:
         return new
 
     def replace(self, task: m.Task) -> None:
-        """Adopt a record computed elsewhere (e.g. reported by an executing peer)."""
+        """Adopt a record computed elsewhere (e.g. a guest task accepted from its home)."""
+        last = task.history[-1] if task.history else None
+        self.log.info(
+            "task.state",
+            task=task.id,
+            src="" if last is None or last.src is None else last.src.value,
+            dst=task.state.value,
+            cause="" if last is None else last.cause,
+            where=task.node,
+        )
         self._store(task)
         self.journal.enqueue([PutTask(task)])
         self._wake(task.id)

@@ -115,3 +115,46 @@ def test_agent_without_a_key_refuses_to_start(short_tmp: Path) -> None:
     assert a.proc is not None
     assert a.proc.wait(30) == 2
     assert "--insecure" in a.log_text() and "keyring" in a.log_text()
+
+
+def test_key_rotation_by_sighup_without_downtime(make_agent: AgentFactory, short_tmp: Path) -> None:
+    from swarm.crypto import generate_key
+
+    k1, k2 = generate_key(), generate_key()
+    files = [short_tmp / "r1.key", short_tmp / "r2.key"]
+
+    def write_all(*keys: str) -> None:
+        for f in files:
+            f.write_text("".join(k + "\n" for k in keys))
+            f.chmod(0o600)
+
+    write_all(k1)
+    a1 = make_agent("r1", "--no-insecure", "--keyring", str(files[0]), *LOOP)
+    a2 = make_agent(
+        "r2", "--no-insecure", "--keyring", str(files[1]), *LOOP, "--seeds", f"127.0.0.1:{a1.port}"
+    )
+    wait_for(lambda: all_see([a1, a2], {"r1", "r2"}), 60, "two keyed agents")
+    # the documented procedure: add the new key second everywhere, make it first, drop the old
+    for step in ((k1, k2), (k2, k1), (k2,)):
+        write_all(*step)
+        for a in (a1, a2):
+            assert a.proc is not None
+            a.proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)
+        assert all_see([a1, a2], {"r1", "r2"}), f"lost contact after rotation step {len(step)}"
+    assert "agent.keyring_reload" in a1.log_text() and "result=ok" in a1.log_text()
+    # a newcomer with only the new key joins
+    k2file = short_tmp / "new.key"
+    k2file.write_text(k2 + "\n")
+    k2file.chmod(0o600)
+    a3 = make_agent(
+        "r3", "--no-insecure", "--keyring", str(k2file), *LOOP, "--seeds", f"127.0.0.1:{a1.port}"
+    )
+    wait_for(lambda: all_see([a1, a2, a3], {"r1", "r2", "r3"}), 60, "newcomer with the new key")
+    # a bad file keeps the old keys
+    files[0].write_text("not a key\n")
+    assert a1.proc is not None
+    a1.proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert "kept the old keys" in a1.log_text()
+    assert a1.alive()
