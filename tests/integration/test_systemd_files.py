@@ -38,10 +38,11 @@ def _verify_root(tmp: Path, unit_text: str, name: str = "swarm-agent.service") -
     shutil.copytree(SYSTEM_UNITS, root / "usr/lib/systemd/system", symlinks=True)
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "etc/systemd/system" / name).write_text(unit_text)
-    exe = root / "opt/swarm/venv/bin/swarm"
-    exe.parent.mkdir(parents=True)
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
+    for rel in ("opt/swarm/venv/bin/swarm", "bin/kill"):  # ExecStart, ExecReload
+        exe = root / rel
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
     return root
 
 
