@@ -47,6 +47,8 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
     for r in results:
         lines.append(f"### {r.name} (seed {r.seed}, {r.wall_s:.0f} s)")
         lines.append("")
+        if r.description:
+            lines += [r.description[:1].upper() + r.description[1:] + ".", ""]
         refused = ", ".join(f"{k} {v}" for k, v in sorted(r.refused.items())) or "none"
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(r.acked_by_kind.items()))
         lines.append(

@@ -47,6 +47,7 @@ class ScenarioResult:
     seed: int
     mode: str
     nodes: int
+    description: str = ""
     wall_s: float = 0.0
     attempted: int = 0
     acked: int = 0
@@ -129,8 +130,8 @@ class Runner:
             if (mode == "netns" or not c.needs_netns) and (mode == "netns" or not c.needs_tmpfs)
         ]
         self.plan: Plan = make_plan(sc, seed, available)
-        skipped = sorted({*sc.faults, *sc.net_faults} - set(available))
-        self.result = ScenarioResult(sc.name, seed, mode, sc.nodes)
+        skipped = sorted({*sc.faults, *sc.faults2} - set(available))
+        self.result = ScenarioResult(sc.name, seed, mode, sc.nodes, sc.description)
         if skipped:
             self.result.notes.append(
                 f"loopback mode: fault kinds {', '.join(skipped)} need the namespace LAN "

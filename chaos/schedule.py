@@ -21,7 +21,7 @@ class Scenario:
     duration: float = 40.0
     tasks: int = 120
     faults: tuple[str, ...] = ()  # kinds the nemesis draws from (lane 1)
-    net_faults: tuple[str, ...] = ()  # a second, overlapping lane (mixed scenarios)
+    faults2: tuple[str, ...] = ()  # a second lane, overlapping the first
     hold: tuple[float, float] = (5.0, 10.0)  # how long a fault lasts
     gap: tuple[float, float] = (3.0, 6.0)  # quiet time between faults of one lane
     drains: bool = True
@@ -173,7 +173,7 @@ def make_plan(sc: Scenario, seed: int, available: Sequence[str] | None = None) -
     rng = random.Random(f"{sc.name}:{seed}")
     ok = set(available) if available is not None else None
     lane1 = [k for k in sc.faults if ok is None or k in ok]
-    lane2 = [k for k in sc.net_faults if ok is None or k in ok]
+    lane2 = [k for k in sc.faults2 if ok is None or k in ok]
     faults = nemesis(sc, lane1, rng, 1) + nemesis(sc, lane2, rng, 2, warmup=8.0)
     faults.sort(key=lambda f: f.start)
     submits = workload(sc, rng)
