@@ -21,23 +21,28 @@ def _fmt(x: float | None) -> str:
 
 def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
     ok = all(r.passed for r in results)
+    mode = f"{meta.get('mode')} mode"
+    if meta.get("mode") == "loopback":
+        mode += f" ({meta.get('mode_reason')}: only process faults and the transport shim)"
     lines = [
-        f"Suite `{meta.get('suite')}`, {meta.get('mode')} mode, seed {meta.get('seed')}, "
-        f"{meta.get('started')}, {meta.get('wall_s', 0):.0f} s in all: "
+        f"Suite `{meta.get('suite')}`, {mode}, seed {meta.get('seed')}, "
+        f"{meta.get('started')}, {meta.get('wall_s', 0):.0f} s in all, agents built from "
+        f"{meta.get('code')}, {meta.get('host_cpus')} CPUs: "
         f"**{'PASSED' if ok else 'FAILED'}**.",
         "",
-        "| scenario | seed | nodes | faults | acked | completed "
+        "| scenario | seed | nodes | faults | submitted | acked | completed "
         "| succeeded / failed / lost(no-retry) | dup exec (marks / journal starts) | lost "
         "| detect s (median / max) "
         "| views agree after heal s (median / max) | after the last heal s "
         "| handoffs | transfers | share changes | invariants |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         st = r.states
         verdict = "all hold" if r.passed else "FAIL: " + ", ".join(r.violated or ["harness"])
         lines.append(
-            f"| {r.name} | {r.seed} | {r.nodes} | {len(r.faults)} | {r.acked} | {r.completed} "
+            f"| {r.name} | {r.seed} | {r.nodes} | {len(r.faults)} | {r.attempted} | {r.acked} "
+            f"| {r.completed} "
             f"| {st.get('succeeded', 0)} / {st.get('failed', 0)} / {st.get('lost', 0)} "
             f"| {r.dup_exec} / {r.dup_starts} | {r.lost} | {r.detect_summary} "
             f"| {r.converge_summary} | {_fmt(r.final_converge_s)} | {r.handoffs} "
