@@ -1,7 +1,7 @@
 """Cluster-wide placement: 8 real agents on loopback, two-choice vs random, same run.
 
-For each placement rule (two-choice on stale gossip, and uniform random as the
-baseline) and each entry mode (all tasks submitted at one node; spread over all
+For each placement rule (swarm: two choices on stale gossip plus adaptive transfer;
+the baseline: uniform random placement, no transfer) and each entry mode (all tasks submitted at one node; spread over all
 nodes), submits N short tasks and measures:
 - tasks placed per second (first submit -> the last task has left its home's
   placement stage: running locally or handed off), and submissions per second;
@@ -9,7 +9,9 @@ nodes), submits N short tasks and measures:
 - coefficient of variation of per-node work against the share-weighted ideal
   (work = tasks run on the node, divided by its ideal share of N);
 - transfers (pushes + steals) per task.
-Prints a table and writes bench/results/placement.json.
+Nodes have 2048, 1024 or 512 shares and slots in proportion (8 per 1024 shares), so
+the share-weighted split is also the fastest one. Prints a table and writes
+bench/results/placement.json.
 
 Targets (issue 4): balance at least 3x closer to ideal than random (CV ratio),
 >= 500 tasks/s placed cluster-wide.
@@ -34,18 +36,24 @@ from swarm.localcluster import LocalAgent
 
 HERE = Path(__file__).resolve().parent
 SHARES = [2048, 2048, 1024, 1024, 1024, 1024, 512, 512]
+SLOTS_PER_1024 = 8  # slots follow shares, so the share-weighted split is also the fastest
 BASE = ["--insecure", "--no-mdns", "--bind", "127.0.0.1", "--port", "0", "--profile", "local"]
 
 
 def start_cluster(root: Path, rule: str, slots: int) -> list[LocalAgent]:
-    args = [*BASE, "--log-level", "warning", "--placement", rule, "--slots", str(slots)]
-    first = LocalAgent(root, f"{rule[:3]}1", [*args, "--shares", str(SHARES[0])]).start()
+    """swarm: two choices + adaptive transfer; the baseline: random placement, no transfer."""
+    transfer = "--transfer" if rule == "two-choice" else "--no-transfer"
+    args = [*BASE, "--log-level", "warning", "--placement", rule, transfer]
+
+    def node_args(i: int) -> list[str]:
+        n_slots = max(1, slots * SHARES[i] // 1024)
+        return [*args, "--shares", str(SHARES[i]), "--slots", str(n_slots)]
+
+    first = LocalAgent(root, f"{rule[:3]}1", node_args(0)).start()
     seed = f"127.0.0.1:{first.port}"
     agents = [first]
     for i in range(1, len(SHARES)):
-        a = LocalAgent(
-            root, f"{rule[:3]}{i + 1}", [*args, "--shares", str(SHARES[i]), "--seeds", seed]
-        )
+        a = LocalAgent(root, f"{rule[:3]}{i + 1}", [*node_args(i), "--seeds", seed])
         agents.append(a.start())
     deadline = time.monotonic() + 60
     with first.client() as c:
@@ -154,8 +162,8 @@ def run(rule: str, spread: bool, n: int, slots: int, argv: list[str]) -> dict[st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=5000)
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--task", default="sleep 0.05", help="the short task's command")
+    ap.add_argument("--slots", type=int, default=SLOTS_PER_1024, help="slots per 1024 shares")
+    ap.add_argument("--task", default="sleep 0.5", help="the short task's command")
     ap.add_argument("--out", default=str(HERE / "results" / "placement.json"))
     args = ap.parse_args()
     argv = args.task.split()
