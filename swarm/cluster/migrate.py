@@ -9,11 +9,13 @@ the messages of that exchange and the receiver's checks; the runtime does the I/
 The state stream is one `Begin` (in the request that opens the stream), then the
 directory's entries in walk order (a directory before anything inside it): `Dir`,
 `File` followed by its `Chunk`s, `Link`; then `End`. Every chunk carries a sequence
-number and its sha256; `End` carries the entry count, the byte total and the sha256
-of all chunk data in order. The receiver verifies all of it before the state may be
-used: a task must never restart from a torn or forged checkpoint, so a stream that
-breaks or does not verify is discarded whole, and the task restarts from the copy
-that stayed at the source.
+number and the sha256 of its data; `End` carries the entry count, the byte total and
+the sha256 of the whole: the sha256 of all chunk digests in order (each chunk's data
+is checked against its digest, so the digest of digests covers every byte, in order,
+at the cost of hashing each byte once). The receiver verifies all of it before the
+state may be used: a task must never restart from a torn or forged checkpoint, so a
+stream that breaks or does not verify is discarded whole, and the task restarts from
+the copy that stayed at the source.
 
 The receiver never lets a path leave its staging directory: paths are relative and
 normalized (no `..`, no empty or `.` parts), every parent is a directory declared
@@ -32,8 +34,8 @@ from .. import codec, wire
 from ..model import LoadReport, MigrateMode, NodeId, TaskId, TaskSpec
 from ..policy.migration import RunningTask
 
-CHUNK = 1 << 20  # bytes of file data per chunk frame (the sender's size)
-MAX_CHUNK = 2 << 20  # the largest chunk a receiver accepts (frames are <= 4 MiB)
+CHUNK = 2 << 20  # bytes of file data per chunk frame (the sender's size)
+MAX_CHUNK = 3 << 20  # the largest chunk a receiver accepts (frames are <= 4 MiB)
 MAX_PATH = 4096
 MAX_ENTRIES = 1_000_000
 MAX_RECORD = 16 * 1024  # encoded bytes of one explain / migration record
@@ -388,7 +390,7 @@ class StateReceiver:
             self.seq += 1
             self.written += len(fr.data)
             self.bytes += len(fr.data)
-            self.digest.update(fr.data)
+            self.digest.update(fr.sha256)
             return [Write(fr.data)]
         out = self._close()
         if fr.entries != self.begin.entries or self.entries != fr.entries:

@@ -387,6 +387,17 @@ class Coordinator:
                     self._record_explain(tid, {"outcome": "runs here: holds its GPU slice"})
                     self._enqueue_local(t)
                     return
+                he = self.home.entries.get(tid)
+                if (
+                    self.migrator is not None
+                    and (he is None or he.phase is h.HomePhase.LOCAL)
+                    and self.migrator.holds_state(t)
+                ):
+                    # its checkpoint is here (it ran here, or its move failed): placing it
+                    # elsewhere would restart it from scratch
+                    self._record_explain(tid, {"outcome": "runs here: its checkpoint is here"})
+                    self._enqueue_local(t)
+                    return
                 now = trio.current_time()
                 if not retry.ready(now):
                     with trio.move_on_after(retry.not_before - now):

@@ -21,7 +21,9 @@ One migration, in this order (the order is what makes every failure harmless):
    it to the target; a guest asks its home with a MoveRequest). The home commits at
    the target before the target may run it, and revokes this node; a refused or
    failed offer puts the task back in this node's queue (it restarts here, from its
-   checkpoint). The source deletes its copy of the state only after the commit.
+   checkpoint). The source keeps its copy of the state until the target says the
+   task started there (or a while passed): if the target dies before that, and the
+   task comes back here, it restarts from that copy.
 
 The process was stopped before step 3 and never restarts here unless the move did
 not happen, and the target runs it only after the home committed it there: there is
@@ -58,7 +60,7 @@ from .cluster import RemoteError
 from .executor import ProcessPlan
 from .journal import DelKV, PutKV
 from .journal import Event as JEvent
-from .net import FramedStream, TransportError
+from .net import FramedStream, TransportError, collapse_single_group
 from .tasks import UnknownTask, wall_now
 
 if TYPE_CHECKING:
@@ -252,9 +254,8 @@ def scan_state(root: Path) -> list[mx.Dir | mx.File | mx.Link]:
     return out
 
 
-def _read_chunk(fh: IO[bytes], n: int, whole: Any) -> tuple[bytes, bytes]:
+def _read_chunk(fh: IO[bytes], n: int) -> tuple[bytes, bytes]:
     data = fh.read(n)
-    whole.update(data)
     return data, hashlib.sha256(data).digest()
 
 
@@ -364,6 +365,8 @@ class Migrator:
         self.started: dict[m.TaskId, float] = {}  # trio time the current run began here
         self.last: dict[m.TaskId, tuple[str, str | None]] = {}
         self.records: OrderedDict[m.TaskId, list[dict[str, Any]]] = OrderedDict()
+        # moved away, state kept until the target started it: task -> (mid, since)
+        self.retained: dict[m.TaskId, tuple[str, float]] = {}
         self.counters: Counter[str] = Counter()
         self._seq = 0
         self._token = secrets.token_hex(3)
@@ -632,7 +635,8 @@ class Migrator:
         handover = trio.current_time() - t_stop
         rec["handover_s"] = round(handover, 4)
         self.pauses = self.pauses.observe(out.mode.value, handover)
-        self.on_left(tid)
+        self._forget(tid)
+        self.retained[tid] = (out.mid, trio.current_time())  # until the target started it
         return "moved", f"to {target}"
 
     async def _stop(self, t: m.Task, mode: m.MigrateMode) -> str | None:
@@ -743,30 +747,39 @@ class Migrator:
         entries: list[mx.Dir | mx.File | mx.Link],
         total: int,
     ) -> Any:
-        whole = hashlib.sha256()
-        seq = 0
-        for e in entries:
-            await stream.send(mx.frame_to_wire(e), timeout=STREAM_TIMEOUT)
-            if not isinstance(e, mx.File) or e.size == 0:
-                continue
-            fh = await trio.to_thread.run_sync(open, sdir / e.path, "rb")
-            try:
-                left = e.size
-                while left > 0:
-                    data, sha = await trio.to_thread.run_sync(
-                        _read_chunk, fh, min(mx.CHUNK, left), whole
-                    )
-                    if not data:
-                        raise MigrationError(f"{e.path} shrank while it was sent")
-                    frame = mx.frame_to_wire(mx.Chunk(seq, data, sha))
-                    await stream.send(frame, timeout=STREAM_TIMEOUT)
-                    seq += 1
-                    left -= len(data)
-            finally:
-                fh.close()
-        await stream.send(
-            mx.frame_to_wire(mx.End(len(entries), total, whole.digest())), timeout=STREAM_TIMEOUT
-        )
+        """Send the entries and their data; reading the next chunk (in a thread) overlaps
+        sending the current one. Returns the target's answer."""
+        send_ch, recv_ch = trio.open_memory_channel[mx.Frame](4)
+
+        async def produce() -> None:
+            whole = hashlib.sha256()  # over the chunk digests, in order
+            seq = 0
+            async with send_ch:
+                for e in entries:
+                    await send_ch.send(e)
+                    if not isinstance(e, mx.File) or e.size == 0:
+                        continue
+                    fh = await trio.to_thread.run_sync(open, sdir / e.path, "rb")
+                    try:
+                        left = e.size
+                        while left > 0:
+                            n = min(mx.CHUNK, left)
+                            data, sha = await trio.to_thread.run_sync(_read_chunk, fh, n)
+                            if not data:
+                                raise MigrationError(f"{e.path} shrank while it was sent")
+                            whole.update(sha)
+                            await send_ch.send(mx.Chunk(seq, data, sha))
+                            seq += 1
+                            left -= len(data)
+                    finally:
+                        fh.close()
+                await send_ch.send(mx.End(len(entries), total, whole.digest()))
+
+        async with collapse_single_group(), trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            async with recv_ch:
+                async for fr in recv_ch:
+                    await stream.send(mx.frame_to_wire(fr), timeout=STREAM_TIMEOUT)
         # the target fsyncs and installs before it answers
         return await stream.receive(timeout=60.0 + total / 20e6)
 
@@ -849,6 +862,7 @@ class Migrator:
         self._journal_arrival(tid)
         self.counters["resumed"] += 1
         self.log.info("migration.resumed", task=tid, source=arr.source, pause=round(pause, 3))
+        self._spawn(self._tell_source, arr.source, tid, arr.mid)
         self._record(
             task.spec,
             arr.mid,
@@ -866,12 +880,30 @@ class Migrator:
         self._forget(task.id)
 
     def on_left(self, tid: m.TaskId) -> None:
-        """The task no longer lives here (moved, revoked, dropped): its state goes too."""
+        """The task no longer lives here (moved, revoked, dropped): its state goes too,
+        except while a migration of it from here is in flight or kept (retained)."""
         self._forget(tid)
-        if self._task_here(tid):
+        if self._task_here(tid) or tid in self.outgoing or tid in self.retained:
             return
         path = self.coord.runner.state_dir_of(tid)
         self._spawn(trio.to_thread.run_sync, remove_tree, path)
+
+    def _release(self, tid: m.TaskId) -> None:
+        """The kept copy of a moved task's state is no longer needed."""
+        self.retained.pop(tid, None)
+        if not self._task_here(tid) and tid not in self.outgoing:
+            self._spawn(trio.to_thread.run_sync, remove_tree, self.coord.runner.state_dir_of(tid))
+
+    async def _tell_source(self, source: m.NodeId, tid: m.TaskId, mid: str) -> None:
+        """The task started here: the source may delete the copy it kept."""
+        if self.coord.cluster is None or source == self.node:
+            return
+        try:
+            await self.coord.cluster.request(
+                source, {"op": "migrate", "kind": "started", "id": tid, "mid": mid}, 5.0
+            )
+        except (TransportError, RemoteError):
+            pass  # it deletes the copy after a while anyway
 
     def _forget(self, tid: m.TaskId) -> None:
         self.started.pop(tid, None)
@@ -883,12 +915,14 @@ class Migrator:
         c = self.coord
         if tid in c.runner.running or tid in c.runner.queue or tid in c.guest.entries:
             return True
+        if tid in self.incoming:
+            return True  # its state is being received or staged here
         t = c.table.active.get(tid)
         return t is not None and t.node == self.node
 
     def holds_state(self, t: m.Task) -> bool:
-        """A queued task whose checkpoint is here must restart here, not be transferred
-        without it (transfer moves queued tasks, not their state)."""
+        """A queued task whose checkpoint is here must restart here, not be placed or
+        transferred without it (placement and transfer move tasks, not their state)."""
         if t.spec.migrate not in (MM.CHECKPOINT, MM.CRIU):
             return False
         return has_state(self.coord.runner.state_dir_of(t.id))
@@ -909,7 +943,11 @@ class Migrator:
         return attrs.evolve(plan, argv=tuple(argv), uid=None, gid=None, groups=None)
 
     def _expire(self, now: float) -> None:
-        """Prepared or staged migrations whose task never came: forget, delete the state."""
+        """Prepared or staged migrations whose task never came: forget, delete the state.
+        Copies kept for moved tasks: deleted after the same time."""
+        for tid, (_mid, since) in list(self.retained.items()):
+            if now - since > self.s.staged_ttl:
+                self._release(tid)
         for tid, inc in list(self.incoming.items()):
             ttl = self.s.staged_ttl if inc.staged else self.s.checkpoint_timeout + 60.0
             if now - inc.since <= ttl:
@@ -1004,6 +1042,13 @@ class Migrator:
         if kind == "records":
             f.done()
             return {"records": await self.records_of(tid)}
+        if kind == "started":
+            mid = f.str("mid", required=True, max_len=300)
+            f.done()
+            kept = self.retained.get(tid)
+            if kept is not None and kept[0] == mid:
+                self._release(tid)
+            return {"ok": True}
         raise wire.SchemaError(f"migrate: unknown kind {kind!r}")
 
     def _on_prepare(self, p: mx.Prepare, sender: m.NodeId) -> dict[str, Any]:
@@ -1055,15 +1100,26 @@ class Migrator:
         t0 = trio.current_time()
         self.log.info("migration.receiving", task=tid, source=sender, bytes=begin.total)
         writer = _Writer(staging)
+        send_ch, recv_ch = trio.open_memory_channel[mx.Action](8)
+
+        async def write_all() -> None:  # writing overlaps receiving the next frames
+            async with recv_ch:
+                async for a in recv_ch:
+                    await writer.apply(a)
+
         try:
             await trio.to_thread.run_sync(lambda: staging.mkdir(parents=True))
             free = (await trio.to_thread.run_sync(shutil.disk_usage, root)).free
             rx = mx.StateReceiver(begin, max_bytes=max(0, free - DISK_RESERVE))
-            while not rx.done:
-                obj = await stream.receive(timeout=STREAM_TIMEOUT)
-                for a in rx.feed(wire.decode_with(mx.frame_from_wire, obj)):
-                    await writer.apply(a)
+            async with collapse_single_group(), trio.open_nursery() as nursery:
+                nursery.start_soon(write_all)
+                async with send_ch:
+                    while not rx.done:
+                        obj = await stream.receive(timeout=STREAM_TIMEOUT)
+                        for a in rx.feed(wire.decode_with(mx.frame_from_wire, obj)):
+                            await send_ch.send(a)
             writer.close()
+            t_install = trio.current_time()
             final = self.coord.runner.state_dir_of(tid)
             owner = self.owner_of(inc.spec)
             await trio.to_thread.run_sync(install_state, staging, final, owner)
@@ -1096,5 +1152,12 @@ class Migrator:
         )
         self._journal_arrival(tid)
         self.counters["bytes_received"] += rx.bytes
-        self.log.info("migration.received", task=tid, source=sender, bytes=rx.bytes, secs=secs)
+        self.log.info(
+            "migration.received",
+            task=tid,
+            source=sender,
+            bytes=rx.bytes,
+            secs=round(secs, 4),
+            install_s=round(trio.current_time() - t_install, 4),
+        )
         await stream.send({"ok": True, "bytes": rx.bytes, "seconds": secs}, timeout=10.0)

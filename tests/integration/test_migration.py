@@ -109,6 +109,15 @@ def log_has(a: LocalAgent, text: str) -> bool:
     return text in a.log_text()
 
 
+def diag(tid: str, *agents: LocalAgent) -> str:
+    """What the agents said about migrations and the task (for failure messages)."""
+    out = []
+    for a in agents:
+        lines = [x for x in a.log_text().splitlines() if "migration" in x or tid in x]
+        out.append(f"--- {a.name}\n" + "\n".join(lines[-40:]))
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------ checkpoint
 
 
@@ -286,19 +295,27 @@ def test_source_dies_after_the_target_restored_it_exactly_one_copy_runs(
                 m.get("resumed_on") == "p2" for m in st["migrations"]
             )
 
-        wait_for(resumed_on_p2, 60, "the task to resume on p2")
+        try:
+            wait_for(resumed_on_p2, 60, "the task to resume on p2")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{status(p3, tid)}\n{diag(tid, p3, p2, p1)}") from None
         p1.kill(signal.SIGKILL)
         for _ in range(40):  # 8 s: the source's death must not bring back a second copy
-            assert len(tagged("one")) <= 1
+            copies = tagged("one")
+            assert len(copies) <= 1, [p.cmdline() for p in copies]
             time.sleep(0.2)
         t = wait_done(p3, tid)
-        assert t["state"] == "succeeded" and t["node"] == "p2", t
+        why = diag(tid, p3, p2, p1)
+        assert t["state"] == "succeeded" and t["node"] == "p2", (t, why)
         line = result_line(p3, tid)
-        assert line.startswith(f"result={expected()} runs=2 nodes=p1,p2"), line
-        (mg,) = status(p3, tid)["migrations"]
+        assert line.startswith(f"result={expected()} runs=2 nodes=p1,p2"), (line, why)
+        migs = status(p3, tid)["migrations"]
+        assert len(migs) == 1, (migs, why)
+        mg = migs[0]
         assert mg["from"] == "p1" and mg["outcome"] == "moved" and mg["pause_s"] >= 0
         history = [(h["dst"], h["node"]) for h in t["history"]]
-        assert ("migrating", "p1") in history and history.count(("running", "p2")) == 1
+        assert ("migrating", "p1") in history, (history, why)
+        assert history.count(("running", "p2")) == 1, (history, why)
         assert p2.alive()
     finally:
         kill_tasks(load)

@@ -73,6 +73,7 @@ def main(argv: list[str]) -> int:
                 while left > 0:
                     fh.write(piece[: min(left, len(piece))])
                     left -= len(piece)
+        print(f"state ready: {a.state_bytes} bytes", flush=True)
     asked: list[float] = []
     signal.signal(getattr(signal, a.signal), lambda signum, frame: asked.append(time.time()))
     i, acc = st["next"], st["acc"]

@@ -42,7 +42,7 @@ def test_begin_and_frames_round_trip() -> None:
         mx.File("d/f", 0o644, 10),
         mx.Link("l", "d/f"),
         mx.Chunk(0, data, hashlib.sha256(data).digest()),
-        mx.End(3, 10, hashlib.sha256(data).digest()),
+        mx.End(3, 10, hashlib.sha256(hashlib.sha256(data).digest()).digest()),
     ]
     for fr in frames:
         assert mx.frame_from_wire(wire.unpack(wire.pack(mx.frame_to_wire(fr)))) == fr
@@ -108,8 +108,9 @@ def stream_of(tree: dict[str, bytes | None], chunk: int = 7) -> tuple[mx.Begin, 
         frames.append(mx.File(path, 0o644, len(content)))
         for i in range(0, len(content), chunk):
             piece = content[i : i + chunk]
-            frames.append(mx.Chunk(seq, piece, hashlib.sha256(piece).digest()))
-            whole.update(piece)
+            digest = hashlib.sha256(piece).digest()
+            frames.append(mx.Chunk(seq, piece, digest))
+            whole.update(digest)
             seq += 1
         total += len(content)
     frames.append(mx.End(len(tree), total, whole.digest()))
