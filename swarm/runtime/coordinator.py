@@ -571,6 +571,11 @@ class Coordinator:
             elif t.id in self.ledger:  # it was in the local queue (a push): put it back
                 self.runner.queue.appendleft(t.id)
                 self.runner.kick()
+            elif t.id not in self._offer_waiters:
+                # No placement waits for this offer (it was resumed after a restart, or a
+                # holder that asked for a move died): place the task again, or it would
+                # sit queued at its home forever.
+                self.place_soon(t.id)
         self._offer_outcome(t.id, False, o.reason)
 
     async def _on_holder_lost(self, o: h.HolderLost) -> None:

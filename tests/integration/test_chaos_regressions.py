@@ -21,7 +21,7 @@ import trio.testing
 from swarm import model as m
 from swarm import wire
 from swarm.agent import Agent
-from swarm.cluster.membership import LoadUpdated
+from swarm.cluster.membership import EventKind, LoadUpdated, MemberEvent
 from swarm.config import load_config
 from swarm.logs import EventLog
 from swarm.policy.shares import ShareLedger
@@ -248,4 +248,34 @@ async def test_a_local_undrain_starts_held_global_tasks(
             if table.get_cached(spec.id) is not None:
                 break
         assert table.get_cached(spec.id) is not None, "not started at the local undrain"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_home_that_restarted_mid_offer_places_the_task_again_when_it_fails(
+    tmp_path: Path,
+) -> None:
+    """Found by the chaos suite (flapping: acked-task-terminal): the home was killed
+    while offering a task to n1; after the restart the handoff core resumed the offer,
+    n1 then died, the offer failed and the task went back to QUEUED at its home, where
+    nothing placed it again (only a placement coroutine of the previous life had been
+    waiting for that outcome). It never ran."""
+    table, runner, _ = _node(tmp_path, shares=1024, slots=2)
+    coord = runner.can_start.__self__  # type: ignore[union-attr]
+    assert isinstance(coord, Coordinator)
+    spec = m.TaskSpec(id="toffer", argv=("true",), home="n1", cwd="/")
+    # what the journal of the previous life holds: the task TRANSFERRING, the home's
+    # handoff entry OFFERING it to n2, and nobody in this life waiting for the outcome
+    task = m.new_task(spec, time.time(), "n1")
+    task = m.transition(task, m.TaskState.TRANSFERRING, time.time(), "offering to n2")
+    table.load([task])
+    coord.home.offer(spec, "n2", 0.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(table.journal.run)
+        await nursery.start(runner.run)
+        await nursery.start(coord.run)
+        n2 = m.Member(node="n2", addr="127.0.0.1", port=1)
+        coord.on_event(MemberEvent(EventKind.DEAD, n2, trio.current_time()))
+        with trio.fail_after(30):
+            done = await table.wait_terminal(spec.id)
+        assert done.state is m.TaskState.SUCCEEDED and done.node == "n1"
         nursery.cancel_scope.cancel()
