@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 MOD = (1 << 61) - 1
 CKPT_EXIT = 85
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
         print("no SWARM_STATE_DIR (submit with --migrate checkpoint)", file=sys.stderr)
         return 2
     path = os.path.join(state_dir, "progress.json")
-    st = {"next": 0, "acc": 0, "runs": 0, "nodes": [], "signalled_at": None}
+    st: dict[str, Any] = {"next": 0, "acc": 0, "runs": 0, "nodes": [], "signalled_at": None}
     if os.path.exists(path):
         with open(path) as fh:
             st.update(json.load(fh))
@@ -91,7 +92,7 @@ def main(argv: list[str]) -> int:
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
             print(f"checkpointed at i={i} on {node}", flush=True)
-            return a.exit_code
+            return int(a.exit_code)
         if a.sleep:
             time.sleep(a.sleep)
     print(f"result={acc} runs={st['runs']} nodes={','.join(st['nodes'])}", flush=True)
