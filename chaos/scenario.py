@@ -9,7 +9,6 @@ import json
 import statistics
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -220,9 +219,11 @@ class Runner:
             events.append((fp.end, k, "heal", f, fp))
         events.sort(key=lambda e: (e[0], e[2] == "start"))
         active: set[int] = set()
+        lag = 0.0  # how late the nemesis runs (slow restarts): later events shift with it
         for idx, (at, k, what, f, _fp) in enumerate(events):
-            self._wait_until(at)
+            self._wait_until(at + lag)
             now = time.time()
+            lag = max(lag, now - (self.t0 + at) - 0.5)
             if what == "start":
                 try:
                     f.start(cl)
@@ -255,7 +256,7 @@ class Runner:
                 rec.note = "healed while another fault was active"
                 continue
             nxt = next((e[0] for e in events[idx + 1 :] if e[2] == "start"), None)
-            limit = 45.0 if nxt is None else max(0.0, self.t0 + nxt - time.time())
+            limit = 45.0 if nxt is None else max(0.0, self.t0 + nxt + lag - time.time())
             rec.converge_s = self._converge(cl, heal_began, limit)
             self.last_heal_converge = rec.converge_s
             if rec.converge_s is None:
@@ -445,7 +446,3 @@ class Runner:
             rec.detect_s = round(min(hits) - f.started_at, 2) if hits else None
             if not hits:
                 rec.note = (rec.note + "; " if rec.note else "") + "not suspected while active"
-
-
-def count(xs: Sequence[str]) -> dict[str, int]:
-    return dict(Counter(xs))
