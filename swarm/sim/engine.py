@@ -11,7 +11,8 @@ What is *not* re-implemented: every decision calls swarm's policy code.
 at its origin), `policy.placement.admit` is the target's re-check, `ShareLedger` keeps
 every node's books (load index, reservations), `TransferPolicy` runs on every node
 with its probes, replies, pushes and steals carried as delayed messages, and
-`policy.migration.plan_migrations` decides which running tasks move. Only the two
+`policy.migration.plan_migrations` decides which running tasks move (the target
+re-checks with `admit` and `recheck_at_target`). Only the two
 reference baselines, least-loaded-of-the-view and the omniscient join-shortest-queue,
 are computed here: they are yardsticks that swarm must never use, so there is no
 agent code for them.
@@ -180,6 +181,7 @@ class SimConfig:
     max_rounds: int = 100  # a task with no eligible node after this many backoffs: SimError
     warmup: float = 0.0  # statistics ignore tasks that arrive before this time
     levels: bool = False  # collect the time-average fraction of nodes with >= i tasks
+    node_stats: bool = False  # collect per-node time-average load and reservations
     max_levels: int = 64
     scan_below: int = 64  # passed to place(): views up to this size are scanned
     seed: int = 0
@@ -347,8 +349,8 @@ class SimResult:
     reserved_waited: int  # reserved tasks that had to wait for shares (see _waited)
     mean_reserved: float  # mean response time of reserved tasks (nan if none)
     mean_plain: float  # ... and of the others
-    node_load: tuple[float, ...]  # time-average weight_sum per node
-    node_reserved: tuple[float, ...]  # time-average reserved shares per node
+    node_load: tuple[float, ...]  # time-average weight_sum per node (node_stats only)
+    node_reserved: tuple[float, ...]  # time-average reserved shares (node_stats only)
     node_busy: tuple[float, ...]  # time-average busy fraction per node
     levels: tuple[float, ...]  # time-average fraction of nodes with >= i tasks
 
@@ -367,6 +369,10 @@ def quantile(xs: Sequence[float], q: float) -> float:
 
 def _any_peer(_node: NodeId, _entry: PeerInfo) -> str | None:
     return None
+
+
+def _no_acc(_n: SimNode) -> None:
+    """Stands in for ClusterSim._acc when per-node statistics are off."""
 
 
 # Event kinds (indices into the handler table).
@@ -410,6 +416,7 @@ class ClusterSim:
         self._jobs_left = True
         self._outstanding = 0
         self._queued = 0  # tasks waiting in node queues, cluster-wide
+        self._placing = 0  # tasks arrived but not yet accepted by a node
         self.finished = bytearray()
         self.times = array("d")
         self._res_flags = array("b")
@@ -424,6 +431,10 @@ class ClusterSim:
         self._touched: list[SimNode] = []
         self._stat_t0 = 0.0
         self._measure_from = cfg.warmup
+        self._from_nodes = cfg.origin == NODE
+        self._n_nodes = len(self.nodes)
+        if not cfg.node_stats:
+            self._acc = _no_acc  # type: ignore[method-assign,assignment]
         self._frozen_load: tuple[float, ...] = ()
         self._frozen_reserved: tuple[float, ...] = ()
         self._frozen_busy: tuple[float, ...] = ()
@@ -532,29 +543,41 @@ class ClusterSim:
         return self._result()
 
     def _flush(self) -> None:
-        """End of an event: invalidate reports; in Fresh mode post them at once."""
+        """End of an event in Fresh mode: post the reports of the nodes it changed."""
         now = self.now
         view = self.view
         for n in self._touched:
             n.touched = False
-            if self._fresh:
-                view.put(n.id, PeerEntry(n.report(), now))
+            view.put(n.id, PeerEntry(n.report(), now))
         self._touched.clear()
 
     def _touch(self, n: SimNode) -> None:
         n.rep = None
-        if not n.touched:
+        if self._fresh and not n.touched:
             n.touched = True
             self._touched.append(n)
 
     # ------------------------------------------------------------------ staleness
+
+    def _view_unread(self) -> bool:
+        """True once nothing can read the view any more: every task has arrived and
+        been placed, nothing is queued for transfer to move, and migration is off.
+        Publishing then changes no decision, so a long drain skips it."""
+        return (
+            not self._jobs_left
+            and self._placing == 0
+            and self.cfg.migration is None
+            and (self.cfg.transfer is None or self._queued == 0)
+        )
 
     def _on_publish(self, b: int, _: Any) -> None:
         st = self.cfg.staleness
         assert isinstance(st, GossipAge)
         wheel = self._wheel
         now = self.now
-        if st.delay > 0:
+        if self._view_unread():
+            pass
+        elif st.delay > 0:
             batch = [(n.id, n.report()) for n in wheel[b]]
             self._push(now + st.delay, _VIEWPUT, batch)
         else:
@@ -594,10 +617,11 @@ class ClusterSim:
             submitted_at=now,
         )
         task = SimTask(idx, spec, now, job.work)
+        self._placing += 1
         if task.reserved and now >= self._measure_from:
             self.reserved_tasks += 1
-        if self.cfg.origin == NODE:
-            task.origin = self.nodes[self.rng.randrange(len(self.nodes))]
+        if self._from_nodes:
+            task.origin = self.nodes[self.rng.randrange(self._n_nodes)]
         self._place(task)
 
     def _place(self, task: SimTask) -> None:
@@ -684,6 +708,7 @@ class ClusterSim:
         adm = admit(task.spec, target.ledger, _FREE_FLEX, _NO_USAGE, _NO_CAPACITY)
         if adm.ok:
             task.retry = None
+            self._placing -= 1
             self._enqueue(target, task)
             return
         self.refusals += 1
@@ -724,8 +749,6 @@ class ClusterSim:
         n.area_at = now
 
     def _level(self, n: SimNode, before: int, after: int) -> None:
-        if not self._levels:
-            return
         lvl = max(before, after)
         if lvl >= len(self._ge):
             return
@@ -739,9 +762,10 @@ class ClusterSim:
     ) -> None:
         if not in_ledger:
             self._acc(n)
-            k = len(n.ledger)
             n.ledger.add(task.spec)
-            self._level(n, k, k + 1)
+            if self._levels:
+                k = len(n.ledger)
+                self._level(n, k - 1, k)
         task.node = n
         task.arrived_at = self.now
         task.qt = None
@@ -758,9 +782,10 @@ class ClusterSim:
         n.queue.remove(task)
         self._queued -= 1
         self._acc(n)
-        k = len(n.ledger)
         n.ledger.remove(task.spec.id)
-        self._level(n, k, k - 1)
+        if self._levels:
+            k = len(n.ledger)
+            self._level(n, k + 1, k)
         task.node = None
         self._touch(n)
 
@@ -840,9 +865,10 @@ class ClusterSim:
         now = self.now
         for t in done:
             running.remove(t)
-            k = len(led)
             led.remove(t.spec.id)
-            self._level(n, k, k - 1)
+            if self._levels:
+                k = len(led)
+                self._level(n, k + 1, k)
             self._finish(t, now)
         self._touch(n)
         self._try_start(n, changed=True)
@@ -1020,30 +1046,49 @@ class ClusterSim:
             in_flight=mig.InFlight(here=n.mig_here, cluster=self._mig_cluster, by_node=by_node),
         )
         n.bucket = plan.bucket
+        by_id = {rt.task_id: rt for rt in tasks}
         for dec in plan.start:
             if dec.target is not None:
-                self._migrate(n, dec.task_id, self.by_id[dec.target], ms)
+                self._migrate(n, by_id[dec.task_id], self.by_id[dec.target], ms)
 
-    def _migrate(self, src: SimNode, task_id: str, dst: SimNode, ms: MigrationSpec) -> None:
+    def _migrate(self, src: SimNode, rt: mig.RunningTask, dst: SimNode, ms: MigrationSpec) -> None:
+        """The target re-checks on its fresh state, as the agent's migrator does:
+        `admit` (shares) then `recheck_at_target` (still worth it, in-flight limit).
+        A refusal leaves the task running where it is."""
+        task_id = rt.task_id
         task = next((t for t in src.running if t.spec.id == task_id), None)
         if task is None:
             return
-        if not admit(task.spec, dst.ledger, _FREE_FLEX, _NO_USAGE, _NO_CAPACITY).ok:
+        cfg = ms.config
+        refused = not admit(task.spec, dst.ledger, _FREE_FLEX, _NO_USAGE, _NO_CAPACITY).ok or (
+            mig.recheck_at_target(
+                rt,
+                src.report(),
+                dst.report(),
+                config=cfg,
+                bandwidth=cfg.default_bandwidth,
+                incoming=dst.mig_here,
+            )
+            is not None
+        )
+        if refused:
             self.refusals += 1
-            return  # the target refused on fresh state: the task keeps running here
+            return
         self._advance(src)
         task.work_left = max(0.0, task.finish_vt - src.vt)
         src.running.remove(task)
         self._acc(src)
-        k = len(src.ledger)
         src.ledger.remove(task_id)
-        self._level(src, k, k - 1)
+        if self._levels:
+            k = len(src.ledger)
+            self._level(src, k + 1, k)
         self._touch(src)
         self._try_start(src, changed=True)
         self._acc(dst)
-        k = len(dst.ledger)
         dst.ledger.add(task.spec)  # held for it while it is in flight
-        self._level(dst, k, k + 1)
+        if self._levels:
+            k = len(dst.ledger)
+            self._level(dst, k - 1, k)
         self._touch(dst)
         task.node = dst
         task.moves += 1

@@ -23,6 +23,7 @@ class Series:
     ys: Sequence[float]
     style: str = "o-"  # matplotlib format string
     lw: float = 1.5
+    color: str | None = None  # None: the next colour of the cycle
 
 
 class PlotUnavailable(RuntimeError):
@@ -56,7 +57,8 @@ def lines(
     plt = _plt()
     fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
     for s in series:
-        ax.plot(list(s.xs), list(s.ys), s.style, label=s.label, lw=s.lw, ms=4)
+        extra = {} if s.color is None else {"color": s.color}
+        ax.plot(list(s.xs), list(s.ys), s.style, label=s.label, lw=s.lw, ms=4, **extra)
     if hline is not None:
         ax.axhline(hline[0], color="grey", ls=":", lw=1, label=hline[1])
     if logx:
@@ -92,7 +94,8 @@ def scatter(
     plt = _plt()
     fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
     for g in groups:
-        ax.plot(list(g.xs), list(g.ys), g.style, label=g.label, ms=4, alpha=0.6, lw=0)
+        extra = {} if g.color is None else {"color": g.color}
+        ax.plot(list(g.xs), list(g.ys), g.style, label=g.label, ms=4, alpha=0.6, lw=0, **extra)
     if hline is not None:
         ax.axhline(hline[0], color="grey", ls=":", lw=1, label=hline[1])
     if logx:
