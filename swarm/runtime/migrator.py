@@ -364,7 +364,8 @@ class Migrator:
         self.arrivals: dict[m.TaskId, Arrival] = {}
         self.started: dict[m.TaskId, float] = {}  # trio time the current run began here
         self.last: dict[m.TaskId, tuple[str, str | None]] = {}
-        self.records: OrderedDict[m.TaskId, list[dict[str, Any]]] = OrderedDict()
+        # record parts written by this process, until the journal surely has them
+        self.recent: OrderedDict[m.TaskId, list[dict[str, Any]]] = OrderedDict()
         # moved away, state kept until the target started it: task -> (mid, since)
         self.retained: dict[m.TaskId, tuple[str, float]] = {}
         self.counters: Counter[str] = Counter()
@@ -972,10 +973,10 @@ class Migrator:
             self._spawn(self._send_record, spec.home, spec.id, rec)
 
     def _store_record(self, tid: m.TaskId, rec: dict[str, Any]) -> None:
-        cached = self.records.get(tid)
-        if cached is not None:
-            self.records[tid] = mx.merge_records([*cached, rec])
-            self.records.move_to_end(tid)
+        self.recent.setdefault(tid, []).append(rec)
+        self.recent.move_to_end(tid)
+        while len(self.recent) > RECORD_CACHE:
+            self.recent.popitem(last=False)
         self.coord.journal.enqueue([JEvent(wall_now(), "migration", tid, self.node, rec)])
 
     async def _send_record(self, home: m.NodeId, tid: m.TaskId, rec: dict[str, Any]) -> None:
@@ -992,14 +993,11 @@ class Migrator:
                 await trio.sleep(1.0 + 2.0 * attempt)
 
     async def records_of(self, tid: m.TaskId) -> list[dict[str, Any]]:
-        """The task's migrations as its home knows them (oldest first)."""
-        cached = self.records.get(tid)
-        if cached is None:
-            cached = mx.merge_records(await self.coord.journal.events_for(tid, "migration"))
-            self.records[tid] = cached
-            while len(self.records) > RECORD_CACHE:
-                self.records.popitem(last=False)
-        return [dict(r) for r in cached]
+        """The task's migrations as its home knows them (oldest first): the journal's
+        parts and those written since (a write may not have landed yet). The source's
+        and the target's parts set different fields, so the merge order is free."""
+        parts = await self.coord.journal.events_for(tid, "migration")
+        return mx.merge_records([*parts, *self.recent.get(tid, [])])
 
     # ------------------------------------------------------------- RPC (all roles)
 
