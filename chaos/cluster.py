@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -443,10 +443,6 @@ class ChaosCluster:
             time.sleep(poll)
         return None
 
-    def dirs(self) -> Iterator[tuple[str, Path]]:
-        for a in self.agents:
-            yield a.name, a.state_dir
-
     def info(self, a: ChaosAgent) -> dict[str, Any] | None:
         try:
             with a.client(timeout=5) as c:
@@ -480,7 +476,3 @@ def code_version(repo: Path) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head or 'unknown'}" + (f" + {len(dirty)} changed files in swarm/" if dirty else "")
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
