@@ -434,7 +434,11 @@ class Coordinator:
                 self._record_explain(tid, rec)
                 if ok:
                     self.counters["placed_remote"] += 1
-                    return
+                    # not `return`: while we waited for the outcome the holder may already
+                    # have been declared dead and the task re-queued here (place_soon is a
+                    # no-op while this loop runs); the loop's top check decides
+                    retry = pl.PlacementRetry()
+                    continue
                 retry = retry.on_refusal(p.target, trio.current_time(), policy, self.rng)
         finally:
             self.placing.discard(tid)
