@@ -382,6 +382,9 @@ class Coordinator:
                     or tid in self.ledger
                 ):
                     return
+                if t.spec.reserve_shares and testbreak.broken("oversubscribe"):
+                    self._enqueue_local(t)  # TEST-ONLY: chaos self-test (testbreak.py)
+                    return
                 if self.gpus.get(tid) is not None:
                     # it holds a GPU slice here from before a restart: run it here again
                     self._record_explain(tid, {"outcome": "runs here: holds its GPU slice"})
