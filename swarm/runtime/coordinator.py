@@ -407,9 +407,12 @@ class Coordinator:
                         await self._kick_place.wait()
                     continue
                 local = self.local_report()
-                p = pl.place(
-                    t.spec, local, self.view, self.rng, now, d=self.d, exclude=retry.exclude
-                )
+                if self.placement_rule == "random":  # the benchmarks' baseline
+                    p = self._place_random(t.spec, local, now, retry.exclude)
+                else:
+                    p = pl.place(
+                        t.spec, local, self.view, self.rng, now, d=self.d, exclude=retry.exclude
+                    )
                 self.counters["placements"] += 1
                 rec = p.explain()
                 if p.target is None:

@@ -70,3 +70,22 @@ async def test_holder_declared_dead_while_the_placement_waits_for_its_commit(
         assert done.state is m.TaskState.SUCCEEDED and done.node == "n1"
         assert any("died: re-queued" in t.cause for t in done.history)
         nursery.cancel_scope.cancel()
+
+
+def test_the_random_baseline_ignores_load_and_shares(tmp_path: Path) -> None:
+    """bench/placement.py compares two choices against this baseline: it must be
+    uniform over eligible nodes (an earlier version silently used two choices)."""
+    table, runner, _ = _node(tmp_path, shares=1024, slots=2)
+    coord = runner.can_start.__self__  # type: ignore[union-attr]
+    assert isinstance(coord, Coordinator)
+    coord.placement_rule = "random"
+    for node, shares, weight in (("a", 4096, 0.0), ("b", 512, 40.0), ("c", 1024, 3.0)):
+        coord.view.upsert(m.LoadReport(node=node, version=1, shares=shares, weight_sum=weight), 0.0)
+    coord.view.upsert(m.LoadReport(node="d", version=1, shares=0), 0.0)  # drained: never
+    spec = m.TaskSpec(id="tr", argv=("true",), home="n1")
+    local = coord.local_report()
+    from collections import Counter
+
+    picks = Counter(coord._place_random(spec, local, 0.0, frozenset()).target for _ in range(4000))
+    assert set(picks) == {"n1", "a", "b", "c"}
+    assert all(800 <= n <= 1200 for n in picks.values()), picks
