@@ -75,7 +75,7 @@ async def test_holder_declared_dead_while_the_placement_waits_for_its_commit(
 def test_the_random_baseline_ignores_load_and_shares(tmp_path: Path) -> None:
     """bench/placement.py compares two choices against this baseline: it must be
     uniform over eligible nodes (an earlier version silently used two choices)."""
-    table, runner, _ = _node(tmp_path, shares=1024, slots=2)
+    _, runner, _ = _node(tmp_path, shares=1024, slots=2)
     coord = runner.can_start.__self__  # type: ignore[union-attr]
     assert isinstance(coord, Coordinator)
     coord.placement_rule = "random"
