@@ -685,6 +685,8 @@ class Coordinator:
         req = s.request
         reply: h.Reply | None = None
         self.counters["handoff_rpcs"] += 1
+        kind = "handoff_sent_" + type(req).__name__.lower()
+        self.counters[kind] = self.counters.get(kind, 0) + 1
         try:
             if self.cluster is not None:
                 raw = await self.cluster.request(
