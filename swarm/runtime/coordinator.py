@@ -114,6 +114,7 @@ class Coordinator:
         self._inflight: set[tuple[m.NodeId, h.Request]] = set()
         self._needs: dict[m.TaskId, pl.Needs] = {}  # per task, for queue_view
         self._published_at = 0.0
+        self._last_published: m.LoadReport | None = None
         self._publish_pending = False
         self.min_publish_gap = min(0.25, report_interval)
         self._globals_kick = trio.Event()
@@ -271,13 +272,18 @@ class Coordinator:
             )
             ok = loadpol.qos_holds(self.sample.psi_cpu, self.sample.psi_mem, self.flex_cfg)
             self.flex = loadpol.flex_update(self.flex, self.flex_cfg, ok)
-            self.publish_load()
+            report = self.local_report()
+            if self._last_published is None or changed_meaningfully(self._last_published, report):
+                self.publish_load(report)
+            # else: the membership core re-gossips the last report on its own refresh timer
             await trio.sleep(self.report_interval)
 
-    def publish_load(self) -> None:
+    def publish_load(self, report: m.LoadReport | None = None) -> None:
         if self.cluster is not None:
             self._published_at = trio.current_time()
-            self.cluster.set_local_load(self.local_report())
+            report = report if report is not None else self.local_report()
+            self._last_published = report
+            self.cluster.set_local_load(report)
 
     def shares_changed(self) -> None:
         """This node's shares changed (drain, undrain, `swarm shares`): publish, and let
@@ -1141,6 +1147,30 @@ class Coordinator:
         async for part in read_log(path, offset, follow, current, self.table):
             await stream.send(part, timeout=30.0)
         return None
+
+
+def changed_meaningfully(old: m.LoadReport, new: m.LoadReport) -> bool:
+    """Worth a new gossip version now? Task counts, shares and GPU room always are;
+    measured usage only when it moved noticeably (sampling noise is not news, and at
+    rest every agent would otherwise gossip a new report every second)."""
+    if (
+        old.shares != new.shares
+        or old.reserved_shares != new.reserved_shares
+        or old.weight_sum != new.weight_sum
+        or old.queued != new.queued
+        or old.running != new.running
+        or old.slots != new.slots
+        or old.gpus != new.gpus
+        or old.isolation != new.isolation
+        or old.criu != new.criu
+    ):
+        return True
+    if abs(old.cpu_util - new.cpu_util) > 0.1 or abs(old.load_per_core - new.load_per_core) > 0.1:
+        return True
+    if abs(old.psi_cpu - new.psi_cpu) > 5.0 or abs(old.psi_mem - new.psi_mem) > 5.0:
+        return True
+    total = max(new.mem_total, 1)
+    return abs(old.mem_available - new.mem_available) / total > 0.05
 
 
 # --------------------------------------------------------- probe wire forms
