@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -143,8 +143,12 @@ class Placement:
     task_id: TaskId
     target: NodeId | None
     local: bool  # the target is the local node
-    candidates: tuple[Candidate, ...]
-    summary: str
+    # Candidate values, or raw (node, local, report, age, score, why_not) rows that
+    # `candidates` turns into them on demand (only explain reads them)
+    _candidates: tuple[Any, ...] = attrs.field(eq=False, repr=False)
+    # the one-line summary, or a function that writes it: formatting every decision's
+    # numbers costs more than deciding, and the simulator never reads them
+    _summary: str | Callable[[], str] = attrs.field(eq=False, repr=False)
     examined: int  # peers examined (filtered or scored), local node excluded
     view_size: int
     scanned: bool  # True: every peer was examined; False: rejection sampling
@@ -152,6 +156,20 @@ class Placement:
     @property
     def ok(self) -> bool:
         return self.target is not None
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        return tuple(
+            c
+            if isinstance(c, Candidate)
+            else Candidate(c[0], c[1], _report_load(c[2]), c[3], c[4], c[5])
+            for c in self._candidates
+        )
+
+    @property
+    def summary(self) -> str:
+        s = self._summary
+        return s if isinstance(s, str) else s()
 
     def explain(self) -> dict[str, Any]:
         """A JSON-ready record for `swarm explain` and logs."""
@@ -210,7 +228,7 @@ def place(
         view, d, rng, verdict, skip=me, scan_below=scan_below, max_attempts=max_attempts
     )
 
-    candidates: list[Candidate] = []
+    candidates: list[tuple[NodeId, bool, LoadReport, float, float | None, str]] = []
     scored: list[tuple[float, NodeId]] = []
 
     local_why: str | None
@@ -220,36 +238,24 @@ def place(
         lr = refusal(local, needs)
         local_why = None if lr is None else lr.text
     local_score = None if local_why is not None else needs_projected(local, needs)
-    candidates.append(Candidate(me, True, _report_load(local), 0.0, local_score, local_why or ""))
+    candidates.append((me, True, local, 0.0, local_score, local_why or ""))
     if local_score is not None:
         scored.append((local_score, me))
 
     for node in sample.chosen:
         entry = view[node]
         score = needs_projected(entry.report, needs)
-        candidates.append(
-            Candidate(node, False, _report_load(entry.report), now - entry.received_at, score)
-        )
+        candidates.append((node, False, entry.report, now - entry.received_at, score, ""))
         scored.append((score, node))
     for node, why in sample.rejected:
         entry = view[node]
-        candidates.append(
-            Candidate(node, False, _report_load(entry.report), now - entry.received_at, None, why)
-        )
+        candidates.append((node, False, entry.report, now - entry.received_at, None, why))
     for node in sample.unchosen:
         entry = view[node]
-        candidates.append(
-            Candidate(
-                node,
-                False,
-                _report_load(entry.report),
-                now - entry.received_at,
-                None,
-                "eligible, not sampled",
-            )
-        )
+        age = now - entry.received_at
+        candidates.append((node, False, entry.report, age, None, "eligible, not sampled"))
 
-    def result(target: NodeId | None, summary: str) -> Placement:
+    def result(target: NodeId | None, summary: str | Callable[[], str]) -> Placement:
         return Placement(
             task_id=spec.id,
             target=target,
@@ -266,12 +272,16 @@ def place(
     best = min(s for s, _ in scored)
     ties = [n for s, n in scored if s == best]
     target = ties[0] if len(ties) == 1 else rng.choice(ties)
-    others = ", ".join(f"{n} {_fmt(s)}" for s, n in scored if n != target)
-    summary = f"chose {target}{' (local)' if target == me else ''}: projected load {_fmt(best)}"
-    if others:
-        summary += f" vs {others}"
-    if len(ties) > 1:
-        summary += f" (tie among {len(ties)}, broken at random)"
+
+    def summary() -> str:
+        others = ", ".join(f"{n} {_fmt(s)}" for s, n in scored if n != target)
+        text = f"chose {target}{' (local)' if target == me else ''}: projected load {_fmt(best)}"
+        if others:
+            text += f" vs {others}"
+        if len(ties) > 1:
+            text += f" (tie among {len(ties)}, broken at random)"
+        return text
+
     return result(target, summary)
 
 

@@ -209,7 +209,7 @@ class ShareLedger:
         if why is not None:
             raise LedgerError(why)
         t = self._tasks[task_id]
-        self._tasks[task_id] = attrs.evolve(t, running=True)
+        self._tasks[task_id] = LedgerTask(t.id, t.weight, t.reserve_shares, t.is_global, True)
         self._reserved += t.reserve_shares
         self._running += 1
 
@@ -218,7 +218,7 @@ class ShareLedger:
         t = self._tasks.get(task_id)
         if t is None or not t.running:
             raise LedgerError(f"task {task_id} is not running here")
-        self._tasks[task_id] = attrs.evolve(t, running=False)
+        self._tasks[task_id] = LedgerTask(t.id, t.weight, t.reserve_shares, t.is_global, False)
         self._reserved -= t.reserve_shares
         self._running -= 1
 
