@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-dev
 
-.PHONY: all venv demo test test-fast lint bench experiments chaos chaos-smoke clean sysdeps
+.PHONY: all venv demo test test-fast lint bench bench-gossip experiments chaos chaos-smoke clean sysdeps
 
 all: test
 
@@ -38,8 +38,20 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check swarm tests bench chaos
 	$(VENV)/bin/mypy
 
+# Benchmarks print figures and write bench/results/*.json (docs/benchmarks.md has the
+# latest figures). `make bench` runs them all except the long gossip sizes (~25 min);
+# `make bench-gossip` runs gossip at n = 100, 1,000 and 5,000 (~35 min, 2 GB RAM).
+BENCHES := submit placement idle sim migration policy crypto transport gpu_check
+
 bench: $(STAMP)
-	$(PY) bench/submit.py
+	@for b in $(BENCHES); do echo "== bench/$$b.py"; $(PY) bench/$$b.py || exit 1; done
+	$(PY) bench/gossip.py --sizes 100,1000
+
+bench-gossip: $(STAMP)
+	$(PY) bench/gossip.py --sizes 100,1000,5000
+
+bench-%: $(STAMP)
+	$(PY) bench/$*.py
 
 experiments: $(STAMP)
 	$(PY) -m swarm.cli sim all --out docs/experiments --doc docs/experiments.md

@@ -1,8 +1,8 @@
 """Cluster-wide placement: 8 real agents on loopback, two-choice vs random, same run.
 
 For each placement rule (swarm: two choices on stale gossip plus adaptive transfer;
-the baseline: uniform random placement, no transfer) and each entry mode (all tasks submitted at one node; spread over all
-nodes), submits N short tasks and measures:
+the baseline: uniform random placement, no transfer) and each entry mode (all tasks
+submitted at one node; spread over all nodes), submits N short tasks and measures:
 - tasks placed per second (first submit -> the last task has left its home's
   placement stage: running locally or handed off), and submissions per second;
 - submit-to-start latency p50/p99 (the task records' submitted_at -> started_at);

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .client import AgentUnreachable, Client, ClientError, RequestFailed
+from .fmt import fmt_age, fmt_bytes, table_lines
 from .paths import default_socket_path
 
 EXIT_OK = 0
@@ -69,28 +70,8 @@ def _task_exit(task: dict[str, Any]) -> int:
     return 1
 
 
-def _fmt_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = max(0.0, seconds)
-    if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{s / 60:.1f}m"
-    if s < 86400:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
-
-
 def _table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
-    widths = [len(h) for h in headers]
-    for r in rows:
-        for i, c in enumerate(r):
-            widths[i] = max(widths[i], len(c))
-    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
-    for r in rows:
-        lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
-    return "\n".join(lines)
+    return "\n".join(table_lines(rows, headers))
 
 
 def _cmd_str(argv: Sequence[str], width: int = 40) -> str:
@@ -265,8 +246,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
                 t["state"],
                 t.get("node") or "-",
                 code,
-                _fmt_age(_task_runtime(t, now)),
-                _fmt_age(now - float(t.get("created_at") or now)),
+                fmt_age(_task_runtime(t, now)),
+                fmt_age(now - float(t.get("created_at") or now)),
                 _cmd_str(spec["argv"]),
             ]
         )
@@ -300,8 +281,8 @@ def format_migration(mg: dict[str, Any]) -> str:
         parts.append(f"pause {float(mg['pause_s']):.3f}s")
     if mg.get("bytes") is not None and mg.get("transfer_s") is not None:
         secs = float(mg["transfer_s"])
-        rate = f", {_fmt_bytes(float(mg['bytes']) / secs)}/s" if secs > 0 else ""
-        parts.append(f"state {_fmt_bytes(float(mg['bytes']))} in {secs:.3f}s{rate}")
+        rate = f", {fmt_bytes(float(mg['bytes']) / secs)}/s" if secs > 0 else ""
+        parts.append(f"state {fmt_bytes(float(mg['bytes']))} in {secs:.3f}s{rate}")
     if mg.get("reason"):
         parts.append(f"why: {mg['reason']}")
     return "  ".join(parts)
@@ -321,7 +302,7 @@ def format_status(t: dict[str, Any], migrations: list[dict[str, Any]] | None = N
     ]
     if t.get("exit_code") is not None or t.get("signal") is not None:
         lines.append(f"exit:      code={t.get('exit_code')} signal={t.get('signal')}")
-    lines.append(f"runtime:   {_fmt_age(_task_runtime(t, now))}")
+    lines.append(f"runtime:   {fmt_age(_task_runtime(t, now))}")
     lines.append("history:")
     for h in t.get("history", []):
         at = (
@@ -401,11 +382,11 @@ def cmd_nodes(args: argparse.Namespace) -> int:
                 "-" if not ld else f"{ld.get('running', 0)}/{ld.get('slots', 0)}",
                 "-" if not ld else str(ld.get("queued", 0)),
                 "-" if not ld else f"{100 * ld.get('cpu_util', 0):.0f}%",
-                "-" if not ld else _fmt_bytes(ld.get("mem_available", 0)),
+                "-" if not ld else fmt_bytes(ld.get("mem_available", 0)),
                 "-" if not gpus else f"{sum(g[1] for g in gpus)}/{100 * len(gpus)}%",
                 "-" if not ld else ld.get("isolation", "none"),
                 "-" if not ld else ("yes" if ld.get("criu") else "no"),
-                "-" if n.get("load_age") is None else _fmt_age(n["load_age"]),
+                "-" if n.get("load_age") is None else fmt_age(n["load_age"]),
             ]
         )
     headers = [
@@ -426,14 +407,6 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     ]
     print(_table(rows, headers))
     return EXIT_OK
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "K", "M", "G", "T"):
-        if abs(n) < 1024 or unit == "T":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return str(n)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -458,7 +431,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 f"    from {d.get('from')} to {d.get('target') or '-'}: remaining "
                 f"{fig.get('remaining')}s, slowdown {fig.get('slowdown_here')} here vs "
                 f"{fig.get('slowdown_there')} there, transfer {fig.get('transfer')}s at "
-                f"{_fmt_bytes(float(fig.get('bandwidth') or 0))}/s, lost work "
+                f"{fmt_bytes(float(fig.get('bandwidth') or 0))}/s, lost work "
                 f"{fig.get('lost_work')}s: gain {d.get('gain')}s vs margin {d.get('margin')} "
                 f"x cost {d.get('cost')}s"
             )

@@ -14,7 +14,7 @@ import random
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +149,7 @@ def _drive(
         cl.close()
     elapsed = time.time() - t0
     by_node = Counter(t["node"] for t in final)
-    work_by_node: Counter[str] = Counter()
+    work_by_node: defaultdict[str, float] = defaultdict(float)
     for t in final:
         if t.get("started_at") and t.get("finished_at"):
             work_by_node[t["node"]] += float(t["finished_at"]) - float(t["started_at"])

@@ -16,34 +16,14 @@ import select
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from .client import AgentUnreachable, Client, ClientError
+from .fmt import fmt_age, fmt_bytes, table_lines
 
 BAR = 16
 CSI = "\x1b["
-
-
-def fmt_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = max(0.0, seconds)
-    if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{s / 60:.1f}m"
-    if s < 86400:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "K", "M", "G", "T"):
-        if abs(n) < 1024 or unit == "T":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return str(n)
 
 
 def load_index(ld: dict[str, Any]) -> float | None:
@@ -60,17 +40,6 @@ def load_bar(running: int, queued: int, slots: int, width: int = BAR) -> str:
     run = min(width, round(width * running / slots))
     que = min(width - run, round(width * queued / slots))
     return "[" + "#" * run + "+" * que + "." * (width - run - que) + "]"
-
-
-def _table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> list[str]:
-    widths = [len(h) for h in headers]
-    for r in rows:
-        for i, c in enumerate(r):
-            widths[i] = max(widths[i], len(c))
-    out = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
-    for r in rows:
-        out.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
-    return out
 
 
 def node_rows(nodes: list[dict[str, Any]]) -> list[list[str]]:
@@ -160,12 +129,12 @@ def render(
     if error:
         lines.append(f"! {error}")
     lines.append("")
-    lines.extend(_table(node_rows(nodes), NODE_HEADERS))
+    lines.extend(table_lines(node_rows(nodes), NODE_HEADERS))
     lines.append("")
     room = max(0, height - len(lines) - 2)
     rows = task_rows(tasks, now)
     lines.append(f"RECENT TASKS ({len(rows)})")
-    lines.extend(_table(rows[:room], TASK_HEADERS))
+    lines.extend(table_lines(rows[:room], TASK_HEADERS))
     return [ln[:width] for ln in lines[: max(1, height)]]
 
 
