@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -21,6 +20,8 @@ def default_paths(uid: int) -> tuple[Path, Path]:
     if runtime:
         sock = Path(runtime) / "swarm" / "swarm.sock"
     else:
+        import tempfile  # only here: the CLI starts on every command, tempfile is slow
+
         sock = Path(tempfile.gettempdir()) / f"swarm-{uid}" / "swarm.sock"
     return state, sock
 
