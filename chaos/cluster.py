@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 
 from swarm.client import AgentUnreachable, Client, ClientError
+from swarm.localcluster import agent_argv
 
 from . import netns
 
@@ -94,16 +95,7 @@ class ChaosAgent:
     def command(self) -> list[str]:
         cmd = [
             *self.exec_prefix,
-            sys.executable,
-            "-m",
-            "swarm",
-            "agent",
-            "--node-id",
-            self.name,
-            "--state-dir",
-            str(self.state_dir),
-            "--socket",
-            str(self.socket),
+            *agent_argv(sys.executable, self.name, self.state_dir, self.socket),
             "--bind",
             self.bind,
             "--advertise",

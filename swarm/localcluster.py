@@ -19,6 +19,23 @@ from typing import Any
 from .client import AgentUnreachable, Client, ClientError
 
 
+def agent_argv(python: str, name: str, state_dir: Path, socket: Path) -> list[str]:
+    """`python -m swarm agent` with a node's identity and paths: the head of every
+    agent command line the demo, tests, benches and chaos harness start."""
+    return [
+        python,
+        "-m",
+        "swarm",
+        "agent",
+        "--node-id",
+        name,
+        "--state-dir",
+        str(state_dir),
+        "--socket",
+        str(socket),
+    ]
+
+
 class LocalAgent:
     def __init__(
         self,
@@ -43,16 +60,7 @@ class LocalAgent:
 
     def command(self) -> list[str]:
         return [
-            self.python,
-            "-m",
-            "swarm",
-            "agent",
-            "--node-id",
-            self.name,
-            "--state-dir",
-            str(self.state_dir),
-            "--socket",
-            str(self.socket),
+            *agent_argv(self.python, self.name, self.state_dir, self.socket),
             # local clusters (tests, demo, benches) are driven by whoever started them:
             # as root, that is root; later args may still say --no-allow-root-tasks
             *(["--allow-root-tasks"] if os.geteuid() == 0 else []),
