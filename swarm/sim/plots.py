@@ -41,6 +41,23 @@ def _plt():  # type: ignore[no-untyped-def]
     return plt
 
 
+def _finish(  # type: ignore[no-untyped-def]
+    plt, fig, ax, path: Path, title: str, xlabel: str | None, ylabel: str, grid_axis: str = "both"
+) -> Path:
+    """Titles, grid and legend in one style for every plot; write the PNG."""
+    ax.set_title(title, fontsize=11)
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis=grid_axis, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def lines(
     path: Path,
     series: Sequence[Series],
@@ -67,18 +84,9 @@ def lines(
         ax.set_yscale("log")
     if ylim is not None:
         ax.set_ylim(*ylim)
-    ax.set_title(title, fontsize=11)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
     if note:
         fig.text(0.01, 0.01, note, fontsize=7, color="grey")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, title, xlabel, ylabel)
 
 
 def scatter(
@@ -100,16 +108,7 @@ def scatter(
         ax.axhline(hline[0], color="grey", ls=":", lw=1, label=hline[1])
     if logx:
         ax.set_xscale("log", base=2)
-    ax.set_title(title, fontsize=11)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, title, xlabel, ylabel)
 
 
 def bars(
@@ -130,12 +129,4 @@ def bars(
         ax.bar(xs, list(values), width=width, label=label)
     ax.set_xticks(list(range(len(categories))))
     ax.set_xticklabels(list(categories), fontsize=8)
-    ax.set_title(title, fontsize=11)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, title, None, ylabel, grid_axis="y")
