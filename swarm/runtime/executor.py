@@ -196,6 +196,11 @@ class Executor:
         self.kill_grace = kill_grace
         self.log = log
         self.running: dict[str, Running] = {}
+        # Tasks between run() and their process existing, and the reasons of
+        # terminations asked for in that window: a shutdown or cancel that races
+        # with a start must still stop the process once it exists.
+        self._starting: set[str] = set()
+        self._doomed: dict[str, str] = {}
 
     async def run(
         self,
@@ -203,6 +208,19 @@ class Executor:
         on_started: Callable[[int, float], Awaitable[None]] | None = None,
     ) -> ProcessResult:
         """Run one attempt to completion. Cancellation of the caller kills the group."""
+        self.claim(plan.task_id)
+        try:
+            return await self._run(plan, on_started)
+        finally:
+            self.release(plan.task_id)
+
+    async def _run(
+        self,
+        plan: ProcessPlan,
+        on_started: Callable[[int, float], Awaitable[None]] | None,
+    ) -> ProcessResult:
+        if plan.task_id in self._doomed:  # terminated before it started: never start it
+            return ProcessResult(None, None, cancelled=True)
         try:
             # on the loop: a thread hop costs more than creating two files (~0.1 ms)
             out, err = _open_logs(plan)
@@ -248,7 +266,11 @@ class Executor:
         started = trio.current_time()
         handle = Running(plan.task_id, proc, self.kill_grace)
         self.running[plan.task_id] = handle
+        self._starting.discard(plan.task_id)
         try:
+            doomed = self._doomed.pop(plan.task_id, None)
+            if doomed is not None:  # terminated while it was being spawned
+                await handle.terminate(doomed)
             if on_started is not None:
                 try:
                     ct = psutil.Process(proc.pid).create_time()
@@ -273,10 +295,24 @@ class Executor:
             rc, None, pid=proc.pid, started_at=started, cancelled=handle.terminating
         )
 
+    def claim(self, task_id: str) -> None:
+        """A task is on its way to run(): a terminate from now on reaches it."""
+        self._starting.add(task_id)
+
+    def release(self, task_id: str) -> None:
+        """The task's attempt is over (or never reached run())."""
+        self._starting.discard(task_id)
+        self._doomed.pop(task_id, None)
+
     async def terminate(self, task_id: str, reason: str) -> bool:
+        """Terminate a task's process; one still being started is stopped as soon as
+        it exists (or never started). False: no such task here."""
         h = self.running.get(task_id)
         if h is None:
-            return False
+            if task_id not in self._starting:
+                return False
+            self._doomed[task_id] = reason
+            return True
         await h.terminate(reason)
         return True
 

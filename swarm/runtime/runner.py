@@ -134,6 +134,7 @@ class LocalRunner:
                 keep.append(tid)
                 continue
             self.running.add(tid)
+            self.executor.claim(tid)  # a shutdown or cancel from now on reaches it
             # RUNNING (journaled, hooks told) at the gate's decision, not when the
             # task's coroutine first runs: a drain or a reservation that arrives in
             # between must see this start, and the journal must not date it later.
@@ -203,6 +204,7 @@ class LocalRunner:
                 if after is not None and after.state is m.TaskState.QUEUED:
                     self.queue.appendleft(tid)
         finally:
+            self.executor.release(tid)
             self.running.discard(tid)
             self.cancel_requested.pop(tid, None)
             self.migrating.pop(tid, None)
