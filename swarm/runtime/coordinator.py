@@ -338,11 +338,65 @@ class Coordinator:
 
     # ----------------------------------------------------------- placement
 
-    def place_soon(self, tid: m.TaskId) -> None:
+    def place_soon(self, tid: m.TaskId, first: pl.Placement | None = None) -> None:
+        """Place a queued task whose home is here. The common case, this node chosen
+        and admission agreeing, is done at once, without trips through the scheduler:
+        the task is in the run queue before the submit reply goes out (submit-to-start
+        latency is a target of its own). Anything else goes the whole way through
+        _place_task."""
         if tid in self.placing or self._nursery is None:
             return
+        t = self.table.active.get(tid)
+        if t is not None and self._placeable(t):
+            if first is None:
+                first = self._choose_node(t.spec, self.local_report(), trio.current_time())
+            if first.target == self.node:
+                adm = self._admit_here(t)
+                if adm.ok:
+                    self.counters["placements"] += 1
+                    self._run_here(t, first, adm)
+                    return
+                first = None  # refused: _place_task records it and retries around it
+        else:
+            first = None
         self.placing.add(tid)
-        self._nursery.start_soon(self._place_task, tid)
+        self._nursery.start_soon(self._place_task, tid, first)
+
+    def _placeable(self, t: m.Task) -> bool:
+        """Is a task ready to be placed by two choices (rather than kept here, or no
+        longer ours to place)?"""
+        return not (
+            t.state is not S.QUEUED
+            or t.node != self.node
+            or t.id in self.ledger
+            or self.gpus.get(t.id) is not None
+            or (self.migrator is not None and self.migrator.holds_state(t))
+            or (t.spec.reserve_shares and testbreak.broken("oversubscribe"))
+        )
+
+    def _choose_node(
+        self,
+        spec: m.TaskSpec,
+        local: m.LoadReport,
+        now: float,
+        exclude: frozenset[m.NodeId] = frozenset(),
+    ) -> pl.Placement:
+        if self.placement_rule == "random":  # the benchmarks' baseline
+            return self._place_random(spec, local, now, exclude)
+        return pl.place(spec, local, self.view, self.rng, now, d=self.d, exclude=exclude)
+
+    def _admit_here(self, t: m.Task) -> pl.Admission:
+        """Admission with this node's fresh state (placement used gossip-age data)."""
+        usage, cap = self._usage()
+        return pl.admit(t.spec, self.ledger, self.flex, usage, cap, gpus=self.gpus.summary())
+
+    def _run_here(self, t: m.Task, p: pl.Placement, adm: pl.Admission) -> None:
+        rec = p.explain()
+        rec["outcome"] = ("runs here: " if adm.ok else "refused here: ") + adm.reason
+        self._record_explain(t.id, rec)
+        if adm.ok:
+            self.counters["placed_local"] += 1
+            self._enqueue_local(t)
 
     def _record_explain(self, tid: m.TaskId, rec: dict[str, Any]) -> None:
         """Keep a decision for `swarm explain`: in memory for recent tasks, and as an
@@ -374,8 +428,9 @@ class Coordinator:
             self.runner.enqueue(task.id)
         self.load_changed()
 
-    async def _place_task(self, tid: m.TaskId) -> None:
-        """Find a home for a queued task whose home is here: two choices, re-check, retry."""
+    async def _place_task(self, tid: m.TaskId, first: pl.Placement | None = None) -> None:
+        """Find a home for a queued task whose home is here: two choices, re-check, retry.
+        `first`: the decision to start with (taken moments ago by place_soon)."""
         retry = pl.PlacementRetry()
         policy = pl.RetryPolicy(base=0.5, max_backoff=10.0)
         try:
@@ -412,36 +467,26 @@ class Coordinator:
                     with trio.move_on_after(retry.not_before - now):
                         await self._kick_place.wait()
                     continue
-                local = self.local_report()
-                if self.placement_rule == "random":  # the benchmarks' baseline
-                    p = self._place_random(t.spec, local, now, retry.exclude)
+                if first is not None:
+                    p, first = first, None
                 else:
-                    p = pl.place(
-                        t.spec, local, self.view, self.rng, now, d=self.d, exclude=retry.exclude
-                    )
+                    p = self._choose_node(t.spec, self.local_report(), now, retry.exclude)
                 self.counters["placements"] += 1
-                rec = p.explain()
                 if p.target is None:
+                    rec = p.explain()
                     rec["outcome"] = "waiting: " + p.summary
                     self._record_explain(tid, rec)
                     retry = retry.on_no_target(now, policy, self.rng)
                     continue
                 if p.target == self.node:
-                    usage, cap = self._usage()
-                    adm = pl.admit(
-                        t.spec, self.ledger, self.flex, usage, cap, gpus=self.gpus.summary()
-                    )
+                    adm = self._admit_here(t)
+                    self._run_here(t, p, adm)
                     if adm.ok:
-                        rec["outcome"] = "runs here: " + adm.reason
-                        self._record_explain(tid, rec)
-                        self.counters["placed_local"] += 1
-                        self._enqueue_local(t)
                         return
-                    rec["outcome"] = "refused here: " + adm.reason
-                    self._record_explain(tid, rec)
                     retry = retry.on_refusal(self.node, now, policy, self.rng)
                     continue
                 ok, reason = await self.offer_home_task(tid, p.target)
+                rec = p.explain()
                 rec["outcome"] = f"handed to {p.target}" if ok else f"{p.target} refused: {reason}"
                 self._record_explain(tid, rec)
                 if ok:

@@ -21,6 +21,7 @@ from .. import model as m
 from ..logs import NULL_LOG, EventLog
 from .executor import Executor, ProcessPlan, ProcessResult
 from .journal import DelProc, PutProc
+from .logfiles import LogFiles
 from .tasks import TaskTable
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -81,13 +82,20 @@ class LocalRunner:
         self._kick = trio.Event()
         self._idle = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self._dispatching = False
         log_dir.mkdir(parents=True, exist_ok=True)
+        self.logfiles = LogFiles(log_dir, keep=max(16, 4 * slots))
 
     # ------------------------------------------------------------ queue API
 
     def enqueue(self, task_id: m.TaskId) -> None:
+        """Queue a task; with a slot free it is dispatched now, not on the runner's next
+        wake-up (one trip through the scheduler less between submit and start)."""
         self.queue.append(task_id)
-        self._kick.set()
+        if self._nursery is not None and not self._dispatching:
+            self._dispatch(self._nursery)
+        else:
+            self._kick.set()
 
     def kick(self) -> None:
         self._kick.set()
@@ -108,6 +116,7 @@ class LocalRunner:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.logfiles.keep_filled)
             task_status.started()
             while True:
                 self._dispatch(nursery)
@@ -119,6 +128,13 @@ class LocalRunner:
         refuses (reservation, drain, handoff not settled) keeps its place."""
         if self.stopping or not self.queue or len(self.running) >= self.slots:
             return
+        self._dispatching = True  # a hook below may enqueue: that waits for the kick
+        try:
+            self._dispatch_some(nursery)
+        finally:
+            self._dispatching = False
+
+    def _dispatch_some(self, nursery: trio.Nursery) -> None:
         keep: deque[m.TaskId] = deque()
         self.blocked.clear()
         while self.queue and len(self.running) < self.slots:
@@ -190,7 +206,12 @@ class LocalRunner:
             if refused is not None:
                 result = ProcessResult(None, None, spawn_error=refused)
             else:
-                result = await self.executor.run(plan, on_started=started)
+                try:
+                    logs = self.logfiles.open_pair(plan.stdout, plan.stderr)
+                except OSError as e:
+                    result = ProcessResult(None, None, spawn_error=f"cannot open log file: {e}")
+                else:
+                    result = await self.executor.run(plan, on_started=started, logs=logs)
             with trio.CancelScope(shield=True):
                 why: str | None = None
                 if self.exit_hook is not None and refused is None:

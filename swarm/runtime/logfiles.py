@@ -1,0 +1,107 @@
+"""Per-task output files, created ahead of need.
+
+Creating a file allocates an inode, and on ext4 that costs anywhere from 20 us to
+about a millisecond (cold block-group bitmaps, a busy journal: measured on this
+project's build VM, see docs/benchmarks.md). A task start creates two, right between
+the submission's commit and the process start. Renaming a file within the same
+filesystem costs ~20 us whatever the block group, so the agent keeps a few empty
+files ready in `<log dir>/.spare/`, refilled by a worker thread when they run low,
+and a task start renames two of them into place. A task whose files already exist (a
+retry, a migrated task) appends to them; with no spare left, a file is created as
+before. Nothing here is durable state: a spare file is an empty file, adopted again
+after a restart.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+from collections import deque
+from pathlib import Path
+from typing import BinaryIO
+
+import trio
+
+SPARE_DIR = ".spare"
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+
+class LogFiles:
+    def __init__(self, log_dir: Path, *, keep: int = 16) -> None:
+        self.log_dir = log_dir
+        self.spare_dir = log_dir / SPARE_DIR
+        self.keep = keep  # refill up to this many; below half, refill
+        self.spares: deque[str] = deque()
+        self.created = 0  # spare files made by the refiller
+        self.used = 0  # task files that were spares renamed into place
+        self._names = itertools.count()
+        self._token = secrets.token_hex(4)  # spare names never repeat across restarts
+        self._low = trio.Event()
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Take over the empty spares a previous run left; anything else there goes."""
+        try:
+            self.spare_dir.mkdir(parents=True, exist_ok=True)
+            entries = list(os.scandir(self.spare_dir))
+        except OSError:
+            return
+        for e in entries:
+            try:
+                if e.is_file(follow_symlinks=False) and e.stat().st_size == 0:
+                    self.spares.append(e.name)
+                else:
+                    os.unlink(e.path)
+            except OSError:
+                pass
+
+    def open(self, path: Path) -> BinaryIO:
+        """`path` opened for appending; a new file is a spare renamed into place."""
+        if self.spares and path.parent == self.log_dir and not path.exists():
+            name = self.spares.popleft()
+            try:
+                os.rename(self.spare_dir / name, path)
+                self.used += 1
+            except OSError:
+                pass  # gone or unusable: open() below creates the file
+        if len(self.spares) < self.keep // 2:
+            self._low.set()
+        return open(path, "ab")
+
+    def open_pair(self, stdout: Path, stderr: Path) -> tuple[BinaryIO, BinaryIO]:
+        out = self.open(stdout)
+        try:
+            err = self.open(stderr)
+        except OSError:
+            out.close()
+            raise
+        return out, err
+
+    async def keep_filled(self) -> None:
+        """Background: top the spares up whenever they run low, in a worker thread (the
+        point is to keep inode allocation away from the event loop)."""
+        while True:
+            if len(self.spares) >= self.keep // 2:
+                await self._low.wait()
+            self._low = trio.Event()
+            want = self.keep - len(self.spares)
+            if want <= 0:
+                continue
+            names = [f"{self._token}-{next(self._names)}" for _ in range(want)]
+            made = await trio.to_thread.run_sync(self._create, names)
+            self.spares.extend(made)
+            self.created += len(made)
+            if len(made) < len(names):
+                await trio.sleep(5.0)  # cannot create (disk full?): try again later
+
+    def _create(self, names: list[str]) -> list[str]:
+        made = []
+        for name in names:
+            try:
+                fd = os.open(self.spare_dir / name, _CREATE, 0o666)
+            except OSError:
+                break
+            os.close(fd)
+            made.append(name)
+        return made
