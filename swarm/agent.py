@@ -605,6 +605,7 @@ class Agent:
             "tasks": len(self.table.active),
             "members": 0 if ms is None else ms.num_live,
             "journal_commits": self.journal.commits,
+            "journal_inline_commits": self.journal.inline_commits,
             "journal_ops": self.journal.ops_written,
             "uptime": wall_now() - self.started_at,
             "api": dict(self.api.stats),

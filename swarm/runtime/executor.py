@@ -20,7 +20,7 @@ import signal as _signal
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import attrs
 import psutil
@@ -28,7 +28,7 @@ import trio
 
 from ..logs import NULL_LOG, EventLog
 
-LogFiles = tuple[BinaryIO, BinaryIO]  # a task's stdout and stderr files, open
+OpenLogs = tuple[int, int]  # a task's stdout and stderr files: open descriptors
 
 
 @attrs.frozen
@@ -186,17 +186,6 @@ class Child:
         except (OSError, AttributeError):  # old kernel: poll instead
             self._pidfd = None
 
-    @classmethod
-    async def spawn(cls, argv: list[str], *, in_thread: bool, **kwargs: Any) -> Child:
-        """Start a process; `in_thread` for a start that must fork (preexec_fn), which
-        would stall the loop for milliseconds."""
-        if in_thread:
-            start = functools.partial(subprocess.Popen, argv, **kwargs)
-            popen = await trio.to_thread.run_sync(start)
-        else:
-            popen = subprocess.Popen(argv, **kwargs)
-        return cls(popen)
-
     @property
     def returncode(self) -> int | None:
         return self.popen.returncode
@@ -220,13 +209,25 @@ class Child:
             self._pidfd = None
 
 
+@attrs.frozen
+class _Spawn:
+    """A process ready to be started: its Popen arguments and open log files."""
+
+    plan: ProcessPlan
+    argv: list[str]
+    kwargs: dict[str, Any]
+    logs: OpenLogs
+    forks: bool
+
+
 class Running:
     """Handle for a process in flight: lets the agent terminate it."""
 
-    def __init__(self, task_id: str, proc: Child, grace: float) -> None:
+    def __init__(self, task_id: str, proc: Child, grace: float, started: float) -> None:
         self.task_id = task_id
         self.proc = proc
         self.pid = proc.pid
+        self.started = started  # trio clock
         self.grace = grace
         self.terminating = False
         self.term_reason = ""
@@ -266,28 +267,54 @@ class Executor:
         self,
         plan: ProcessPlan,
         on_started: Callable[[int, float], Awaitable[None]] | None = None,
-        logs: LogFiles | None = None,
+        logs: OpenLogs | None = None,
     ) -> ProcessResult:
         """Run one attempt to completion. Cancellation of the caller kills the group.
         `logs`: the plan's stdout/stderr files, already open (they are closed here)."""
         self.claim(plan.task_id)
         try:
-            return await self._run(plan, on_started, logs)
+            spawn = self._prepare(plan, logs)
+            if isinstance(spawn, ProcessResult):
+                return spawn
+            started = await self._popen_async(spawn) if spawn.forks else self._popen(spawn)
+            if isinstance(started, ProcessResult):
+                return started
+            return await self._supervise(started, on_started)
         finally:
             self.release(plan.task_id)
 
-    async def _run(
+    def start(
+        self, plan: ProcessPlan, logs: OpenLogs | None = None
+    ) -> Running | ProcessResult | None:
+        """Start a claimed task's process right now, on the loop (the vfork path costs
+        ~0.3 ms), for callers that must not wait for a scheduler pass; then `watch` it.
+        A ProcessResult: it did not start. None: starting it would fork the agent (a
+        preexec_fn or a user switch without setpriv), so use `run`, which does that in
+        a thread; `logs` are then still open, for `run`."""
+        spawn = self._prepare(plan, logs)
+        if isinstance(spawn, ProcessResult):
+            return spawn
+        if spawn.forks:
+            return None
+        return self._popen(spawn)
+
+    async def watch(
         self,
-        plan: ProcessPlan,
-        on_started: Callable[[int, float], Awaitable[None]] | None,
-        logs: LogFiles | None,
+        handle: Running,
+        on_started: Callable[[int, float], Awaitable[None]] | None = None,
     ) -> ProcessResult:
+        """Wait for a process from `start` to end (as `run` does after its start)."""
+        try:
+            return await self._supervise(handle, on_started)
+        finally:
+            self.release(handle.task_id)
+
+    def _prepare(self, plan: ProcessPlan, logs: OpenLogs | None) -> _Spawn | ProcessResult:
         if plan.task_id in self._doomed:  # terminated before it started: never start it
             if logs is not None:
                 close_logs(logs)
             return ProcessResult(None, None, cancelled=True)
         try:
-            # on the loop: a thread hop costs more than opening two files
             out, err = logs if logs is not None else open_logs(plan.stdout, plan.stderr)
         except OSError as e:
             return ProcessResult(None, None, spawn_error=f"cannot open log file: {e}")
@@ -296,8 +323,7 @@ class Executor:
             argv, kwargs = fast
             if not _command_exists(plan) and (plan.cgroup_procs or argv[0] == SETPRIV):
                 # the wrapper would report this as "exit 127": say it plainly instead
-                out.close()
-                err.close()
+                close_logs((out, err))
                 msg = _spawn_error(plan, FileNotFoundError(2, "not found", plan.argv[0]))
                 return ProcessResult(None, None, spawn_error=msg)
         else:
@@ -305,37 +331,60 @@ class Executor:
             kwargs = {"preexec_fn": _join_cgroups(plan)}  # joins, then switches user
         if plan.umask is not None:
             kwargs["umask"] = plan.umask
+        kwargs.update(
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=dict(plan.env),
+            cwd=plan.cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+        # fork, not vfork: that copies the agent, which must not stall the loop
+        forks = any(kwargs.get(k) is not None for k in _FORKING)
+        return _Spawn(plan, argv, kwargs, (out, err), forks)
+
+    def _popen(self, spawn: _Spawn) -> Running | ProcessResult:
         try:
-            try:
-                proc = await Child.spawn(
-                    argv,
-                    # fork, not vfork: keep the loop free while the agent is copied
-                    in_thread=any(kwargs.get(k) is not None for k in _FORKING),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    env=dict(plan.env),
-                    cwd=plan.cwd,
-                    start_new_session=True,
-                    close_fds=True,
-                    **kwargs,
-                )
-            except (OSError, subprocess.SubprocessError, ValueError) as e:
-                msg = _spawn_error(plan, e)
-                try:
-                    err.write(f"swarm: {msg}\n".encode())
-                except OSError:
-                    pass
-                return ProcessResult(None, None, spawn_error=msg)
+            popen = subprocess.Popen(spawn.argv, **spawn.kwargs)
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            return self._not_started(spawn, e)
         finally:
-            out.close()
-            err.close()
-        started = trio.current_time()
-        handle = Running(plan.task_id, proc, self.kill_grace)
+            close_logs(spawn.logs)
+        return self._started(spawn.plan, Child(popen))
+
+    async def _popen_async(self, spawn: _Spawn) -> Running | ProcessResult:
+        start = functools.partial(subprocess.Popen, spawn.argv, **spawn.kwargs)
+        try:
+            popen = await trio.to_thread.run_sync(start)
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            return self._not_started(spawn, e)
+        finally:
+            close_logs(spawn.logs)
+        return self._started(spawn.plan, Child(popen))
+
+    def _not_started(self, spawn: _Spawn, e: BaseException) -> ProcessResult:
+        msg = _spawn_error(spawn.plan, e)
+        try:
+            os.write(spawn.logs[1], f"swarm: {msg}\n".encode())
+        except OSError:
+            pass
+        return ProcessResult(None, None, spawn_error=msg)
+
+    def _started(self, plan: ProcessPlan, proc: Child) -> Running:
+        handle = Running(plan.task_id, proc, self.kill_grace, trio.current_time())
         self.running[plan.task_id] = handle
         self._starting.discard(plan.task_id)
+        return handle
+
+    async def _supervise(
+        self,
+        handle: Running,
+        on_started: Callable[[int, float], Awaitable[None]] | None,
+    ) -> ProcessResult:
+        proc = handle.proc
         try:
-            doomed = self._doomed.pop(plan.task_id, None)
+            doomed = self._doomed.pop(handle.task_id, None)
             if doomed is not None:  # terminated while it was being spawned
                 await handle.terminate(doomed)
             if on_started is not None:
@@ -353,13 +402,13 @@ class Executor:
         finally:
             # kill stragglers left in the group (background children of the task)
             kill_group(proc.pid, _signal.SIGKILL)
-            self.running.pop(plan.task_id, None)
+            self.running.pop(handle.task_id, None)
         if rc < 0:
             return ProcessResult(
-                None, -rc, pid=proc.pid, started_at=started, cancelled=handle.terminating
+                None, -rc, pid=proc.pid, started_at=handle.started, cancelled=handle.terminating
             )
         return ProcessResult(
-            rc, None, pid=proc.pid, started_at=started, cancelled=handle.terminating
+            rc, None, pid=proc.pid, started_at=handle.started, cancelled=handle.terminating
         )
 
     def claim(self, task_id: str) -> None:
@@ -388,21 +437,24 @@ class Executor:
         return False if h is None else h.signal(sig)
 
 
-def open_logs(stdout: Path, stderr: Path) -> LogFiles:
+LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+
+
+def open_logs(stdout: Path, stderr: Path) -> OpenLogs:
     """A task's output files, created if new, appended to (an attempt after a retry
     or a migration continues the same files)."""
-    out = open(stdout, "ab")  # noqa: SIM115
+    out = os.open(stdout, LOG_FLAGS, 0o666)
     try:
-        err = open(stderr, "ab")  # noqa: SIM115
+        err = os.open(stderr, LOG_FLAGS, 0o666)
     except OSError:
-        out.close()
+        os.close(out)
         raise
     return out, err
 
 
-def close_logs(logs: LogFiles) -> None:
-    for f in logs:
-        f.close()
+def close_logs(logs: OpenLogs) -> None:
+    for fd in logs:
+        os.close(fd)
 
 
 def _spawn_error(plan: ProcessPlan, e: BaseException) -> str:

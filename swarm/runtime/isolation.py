@@ -33,6 +33,7 @@ import hashlib
 import os
 import pwd
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,9 @@ class Identity:
     home: str
 
 
+IDENTITY_TTL = 5.0  # seconds a resolved user is trusted without a new lookup
+
+
 class Identities:
     """Resolves the user a task runs as on this node, or says why it cannot run here."""
 
@@ -78,12 +82,17 @@ class Identities:
         allow_root: bool = False,
         getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam,
         grouplist: Callable[[str, int], list[int]] = os.getgrouplist,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node = node
         self.agent_uid = os.geteuid() if agent_uid is None else agent_uid
         self.allow_root = allow_root
         self._getpwnam = getpwnam
         self._grouplist = grouplist
+        self._clock = clock
+        # user -> (identity, valid until): a passwd + group lookup reads two files per
+        # task start; a user or group change is seen within IDENTITY_TTL seconds
+        self._cache: dict[str, tuple[Identity, float]] = {}
 
     @property
     def switching(self) -> bool:
@@ -120,6 +129,10 @@ class Identities:
                 f"the submitter (uid {spec.uid}) has no user name on node "
                 f"{spec.home or '?'}; tasks run as a named user"
             )
+        now = self._clock()
+        hit = self._cache.get(spec.user)
+        if hit is not None and now < hit[1]:
+            return hit[0]
         try:
             pw = self._getpwnam(spec.user)
         except KeyError:
@@ -132,7 +145,11 @@ class Identities:
             groups = tuple(self._grouplist(pw.pw_name, pw.pw_gid))
         except OSError:
             groups = (pw.pw_gid,)
-        return Identity(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
+        ident = Identity(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[spec.user] = (ident, now + IDENTITY_TTL)
+        return ident
 
 
 # ------------------------------------------------------------------ cgroups

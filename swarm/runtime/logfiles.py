@@ -2,14 +2,14 @@
 
 Creating a file allocates an inode, and on ext4 that costs anywhere from 20 us to
 about a millisecond (cold block-group bitmaps, a busy journal: measured on this
-project's build VM, see docs/benchmarks.md). A task start creates two, right between
+project's build VM, see docs/benchmarks.md). A task start needs two, right between
 the submission's commit and the process start. Renaming a file within the same
 filesystem costs ~20 us whatever the block group, so the agent keeps a few empty
-files ready in `<log dir>/.spare/`, refilled by a worker thread when they run low,
-and a task start renames two of them into place. A task whose files already exist (a
-retry, a migrated task) appends to them; with no spare left, a file is created as
-before. Nothing here is durable state: a spare file is an empty file, adopted again
-after a restart.
+files ready (and open) in `<log dir>/.spare/`, refilled by a worker thread when they
+run low, and a task start renames two of them into place and hands their descriptors
+to the process. A task whose files already exist (a retry, a migrated task) appends
+to them; with no spare left, a file is created as before. Nothing here is durable
+state: a spare is an empty file, adopted again after a restart.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import os
 import secrets
 from collections import deque
 from pathlib import Path
-from typing import BinaryIO
 
 import trio
 
+from .executor import LOG_FLAGS as open_flags
+
 SPARE_DIR = ".spare"
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 class LogFiles:
@@ -32,7 +32,7 @@ class LogFiles:
         self.log_dir = log_dir
         self.spare_dir = log_dir / SPARE_DIR
         self.keep = keep  # refill up to this many; below half, refill
-        self.spares: deque[str] = deque()
+        self.spares: deque[tuple[str, int]] = deque()  # name, open descriptor
         self.created = 0  # spare files made by the refiller
         self.used = 0  # task files that were spares renamed into place
         self._names = itertools.count()
@@ -41,7 +41,7 @@ class LogFiles:
         self._adopt()
 
     def _adopt(self) -> None:
-        """Take over the empty spares a previous run left; anything else there goes."""
+        """Take over the empty spares a previous run left; other files there go."""
         try:
             self.spare_dir.mkdir(parents=True, exist_ok=True)
             entries = list(os.scandir(self.spare_dir))
@@ -50,31 +50,34 @@ class LogFiles:
         for e in entries:
             try:
                 if e.is_file(follow_symlinks=False) and e.stat().st_size == 0:
-                    self.spares.append(e.name)
+                    self.spares.append((e.name, os.open(e.path, open_flags)))
                 else:
                     os.unlink(e.path)
             except OSError:
                 pass
 
-    def open(self, path: Path) -> BinaryIO:
-        """`path` opened for appending; a new file is a spare renamed into place."""
+    def open(self, path: Path) -> int:
+        """`path` opened for appending (a descriptor); a new file is a spare renamed
+        into place."""
+        if len(self.spares) <= self.keep // 2:
+            self._low.set()
         if self.spares and path.parent == self.log_dir and not path.exists():
-            name = self.spares.popleft()
+            name, fd = self.spares.popleft()
             try:
                 os.rename(self.spare_dir / name, path)
-                self.used += 1
             except OSError:
-                pass  # gone or unusable: open() below creates the file
-        if len(self.spares) < self.keep // 2:
-            self._low.set()
-        return open(path, "ab")
+                os.close(fd)  # gone or unusable: create the file below
+            else:
+                self.used += 1
+                return fd
+        return os.open(path, open_flags, 0o666)
 
-    def open_pair(self, stdout: Path, stderr: Path) -> tuple[BinaryIO, BinaryIO]:
+    def open_pair(self, stdout: Path, stderr: Path) -> tuple[int, int]:
         out = self.open(stdout)
         try:
             err = self.open(stderr)
         except OSError:
-            out.close()
+            os.close(out)
             raise
         return out, err
 
@@ -82,7 +85,7 @@ class LogFiles:
         """Background: top the spares up whenever they run low, in a worker thread (the
         point is to keep inode allocation away from the event loop)."""
         while True:
-            if len(self.spares) >= self.keep // 2:
+            if len(self.spares) > self.keep // 2:
                 await self._low.wait()
             self._low = trio.Event()
             want = self.keep - len(self.spares)
@@ -95,13 +98,17 @@ class LogFiles:
             if len(made) < len(names):
                 await trio.sleep(5.0)  # cannot create (disk full?): try again later
 
-    def _create(self, names: list[str]) -> list[str]:
+    def _create(self, names: list[str]) -> list[tuple[str, int]]:
         made = []
         for name in names:
             try:
-                fd = os.open(self.spare_dir / name, _CREATE, 0o666)
+                fd = os.open(self.spare_dir / name, open_flags | os.O_EXCL, 0o666)
             except OSError:
                 break
-            os.close(fd)
-            made.append(name)
+            made.append((name, fd))
         return made
+
+    def close(self) -> None:
+        """Close the spares' descriptors (the files stay, for the next run)."""
+        while self.spares:
+            os.close(self.spares.popleft()[1])

@@ -207,6 +207,11 @@ class AgentCollector:
         bad.add_metric(["frame"], api.get("bad_frames", 0))
         yield bad
         yield counter("swarm_journal_commits", "journal commits (fsyncs)", a.journal.commits)
+        yield counter(
+            "swarm_journal_inline_commits",
+            "journal commits written on the idle event loop rather than a thread",
+            a.journal.inline_commits,
+        )
         yield counter("swarm_journal_ops", "journal records written", a.journal.ops_written)
 
 

@@ -15,11 +15,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import attrs
 import trio
 
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
-from .executor import Executor, ProcessPlan, ProcessResult
+from .executor import Executor, OpenLogs, ProcessPlan, ProcessResult, Running
 from .journal import DelProc, PutProc
 from .logfiles import LogFiles
 from .tasks import TaskTable
@@ -40,6 +41,16 @@ RunHook = Callable[[m.Task], None]
 
 class PlanRefused(Exception):
     """A plan hook's clear reason why a task cannot run on this node."""
+
+
+@attrs.frozen
+class _Launch:
+    """A dispatched task's start, as far as the dispatch pass got."""
+
+    plan: ProcessPlan | None
+    hooked: bool  # the plan hooks ran: the exit hook undoes what they set up
+    begun: Running | ProcessResult | None  # its process; why not; None: start it in a thread
+    logs: OpenLogs | None  # still open, for that thread start
 
 
 class LocalRunner:
@@ -114,14 +125,17 @@ class LocalRunner:
     # ------------------------------------------------------------- dispatch
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self.logfiles.keep_filled)
-            task_status.started()
-            while True:
-                self._dispatch(nursery)
-                await self._kick.wait()
-                self._kick = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self.logfiles.keep_filled)
+                task_status.started()
+                while True:
+                    self._dispatch(nursery)
+                    await self._kick.wait()
+                    self._kick = trio.Event()
+        finally:
+            self.logfiles.close()
 
     def _dispatch(self, nursery: trio.Nursery) -> None:
         """Start queued tasks in FIFO order while slots are free; a task the gate
@@ -157,7 +171,13 @@ class LocalRunner:
             task = self.table.change(tid, m.TaskState.RUNNING, "started", node=self.node)
             if self.on_started is not None:
                 self.on_started(task)
-            nursery.start_soon(self._execute, task)
+            try:
+                launch = self._launch(task)
+            except Exception as e:  # a bug in a hook must not take the caller down
+                self.log.error("task.launch_failed", task=tid, error=repr(e))
+                failed = ProcessResult(None, None, spawn_error=f"cannot start: {e!r}")
+                launch = _Launch(None, False, failed, None)
+            nursery.start_soon(self._execute, task, launch)
         keep.extend(self.queue)
         self.queue = keep
 
@@ -186,36 +206,50 @@ class LocalRunner:
             task_id=task.id, argv=spec.argv, env=env, cwd=cwd, stdout=out, stderr=err
         )
 
-    async def _execute(self, task: m.Task) -> None:
+    def _launch(self, task: m.Task) -> _Launch:
+        """Plan a dispatched task's process and start it at once, in the dispatch pass
+        itself: waiting for _execute's first scheduler pass would add a few hundred
+        microseconds between submit and start."""
+        plan = self.plan(task)
+        if self.plan_hook is not None:
+            try:
+                plan = self.plan_hook(task, plan)
+            except PlanRefused as e:
+                return _Launch(plan, False, ProcessResult(None, None, spawn_error=str(e)), None)
+        if task.spec.migrate is not m.MigrateMode.NEVER:
+            try:
+                self.state_dir_of(task.id).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                why = f"cannot create its state directory: {e}"
+                return _Launch(plan, True, ProcessResult(None, None, spawn_error=why), None)
+        try:
+            logs = self.logfiles.open_pair(plan.stdout, plan.stderr)
+        except OSError as e:
+            why = f"cannot open log file: {e}"
+            return _Launch(plan, True, ProcessResult(None, None, spawn_error=why), None)
+        begun = self.executor.start(plan, logs)
+        return _Launch(plan, True, begun, logs if begun is None else None)
+
+    async def _execute(self, task: m.Task, launch: _Launch) -> None:
         tid = task.id
         try:
-            plan = self.plan(task)
-            refused: str | None = None
-            if self.plan_hook is not None:
-                try:
-                    plan = self.plan_hook(task, plan)
-                except PlanRefused as e:
-                    refused = str(e)
-            if task.spec.migrate is not m.MigrateMode.NEVER:
-                self.state_dir_of(tid).mkdir(parents=True, exist_ok=True)
 
             async def started(pid: int, create_time: float) -> None:
                 self.table.journal.enqueue([PutProc(tid, pid, create_time)])
                 self.log.info("task.process", task=tid, pid=pid)
 
-            if refused is not None:
-                result = ProcessResult(None, None, spawn_error=refused)
-            else:
-                try:
-                    logs = self.logfiles.open_pair(plan.stdout, plan.stderr)
-                except OSError as e:
-                    result = ProcessResult(None, None, spawn_error=f"cannot open log file: {e}")
-                else:
-                    result = await self.executor.run(plan, on_started=started, logs=logs)
+            begun = launch.begun
+            if isinstance(begun, ProcessResult):
+                result = begun
+            elif begun is not None:
+                result = await self.executor.watch(begun, on_started=started)
+            else:  # its start forks the agent: in a thread
+                assert launch.plan is not None and launch.logs is not None
+                result = await self.executor.run(launch.plan, on_started=started, logs=launch.logs)
             with trio.CancelScope(shield=True):
                 why: str | None = None
-                if self.exit_hook is not None and refused is None:
-                    why = await self.exit_hook(task, plan, result)
+                if self.exit_hook is not None and launch.plan is not None and launch.hooked:
+                    why = await self.exit_hook(task, launch.plan, result)
                 if result.pid is not None:
                     self.table.journal.enqueue([DelProc(tid)])
                 await self._record(tid, result, why)

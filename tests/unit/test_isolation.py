@@ -75,6 +75,31 @@ def test_root_tasks_need_the_option() -> None:
     assert _ids().submit_refusal(1000, "alice") is None
 
 
+def test_identities_are_looked_up_again_after_their_ttl() -> None:
+    """A lookup per task start read /etc/passwd and /etc/group each time; a resolved
+    user is kept IDENTITY_TTL seconds, so a removed user or a new group shows up then."""
+    now = [100.0]
+    calls: list[str] = []
+    users = dict(USERS)
+
+    def getpwnam(name: str) -> pwd.struct_passwd:
+        calls.append(name)
+        return users[name]
+
+    ids = iso.Identities(
+        node="n2", agent_uid=0, getpwnam=getpwnam, grouplist=_grouplist, clock=lambda: now[0]
+    )
+    first = ids.resolve(_spec())
+    assert ids.resolve(_spec()) == first and calls == ["alice"]
+    del users["alice"]
+    now[0] += iso.IDENTITY_TTL - 0.1
+    assert ids.resolve(_spec()) == first  # still trusted
+    now[0] += 0.2
+    with pytest.raises(PlanRefused, match="does not exist"):
+        ids.resolve(_spec())
+    assert calls == ["alice", "alice"]
+
+
 def test_a_nameless_submitter_is_refused() -> None:
     assert "no user name" in (_ids().submit_refusal(4242, None) or "")
     assert "no user name" in (_ids().refusal(_spec(user=None, uid=4242)) or "")

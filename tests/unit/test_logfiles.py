@@ -25,16 +25,15 @@ async def test_start_renames_spares_into_place_and_refills(tmp_path: Path) -> No
     await _filled(lf)
     assert lf.created == 4 and len(os.listdir(tmp_path / SPARE_DIR)) == 4
     out, err = lf.open_pair(tmp_path / "t1.out", tmp_path / "t1.err")
-    out.write(b"hello\n")
-    out.close()
-    err.close()
+    os.write(out, b"hello\n")
+    os.close(out)
+    os.close(err)
     assert lf.used == 2
     assert (tmp_path / "t1.out").read_bytes() == b"hello\n"
     assert (tmp_path / "t1.err").read_bytes() == b""
     assert len(os.listdir(tmp_path / SPARE_DIR)) == 2  # two were taken
-    with lf.open(tmp_path / "t2.out"):
-        pass
-    await _filled(lf)  # below half: the refiller tops it up
+    os.close(lf.open(tmp_path / "t2.out"))
+    await _filled(lf)  # half or less: the refiller tops it up
     assert lf.created == 7 and lf.used == 3
 
 
@@ -42,8 +41,9 @@ async def test_existing_file_is_appended_not_replaced(tmp_path: Path) -> None:
     lf = LogFiles(tmp_path, keep=4)
     await _filled(lf)
     (tmp_path / "t1.out").write_bytes(b"first attempt\n")
-    with lf.open(tmp_path / "t1.out") as f:
-        f.write(b"second attempt\n")
+    fd = lf.open(tmp_path / "t1.out")
+    os.write(fd, b"second attempt\n")
+    os.close(fd)
     assert (tmp_path / "t1.out").read_bytes() == b"first attempt\nsecond attempt\n"
     assert lf.used == 0 and len(lf.spares) == 4
 
@@ -51,8 +51,8 @@ async def test_existing_file_is_appended_not_replaced(tmp_path: Path) -> None:
 async def test_without_spares_files_are_created(tmp_path: Path) -> None:
     lf = LogFiles(tmp_path, keep=4)  # refiller never ran
     out, err = lf.open_pair(tmp_path / "t1.out", tmp_path / "t1.err")
-    out.close()
-    err.close()
+    os.close(out)
+    os.close(err)
     assert (tmp_path / "t1.out").exists() and (tmp_path / "t1.err").exists()
     assert lf.used == 0
 
@@ -60,8 +60,7 @@ async def test_without_spares_files_are_created(tmp_path: Path) -> None:
 async def test_outside_the_log_dir_no_spare_is_used(tmp_path: Path) -> None:
     lf = LogFiles(tmp_path / "logs", keep=2)
     await _filled(lf)
-    with lf.open(tmp_path / "elsewhere.out"):
-        pass
+    os.close(lf.open(tmp_path / "elsewhere.out"))
     assert lf.used == 0 and len(lf.spares) == 2
 
 
@@ -72,8 +71,14 @@ async def test_restart_adopts_empty_spares_and_drops_anything_else(tmp_path: Pat
     (spare / "junk").write_bytes(b"not empty")
     (spare / "adir").mkdir()
     again = LogFiles(tmp_path, keep=4)
-    assert sorted(again.spares) == sorted(lf.spares)
+    assert sorted(n for n, _ in again.spares) == sorted(n for n, _ in lf.spares)
     assert not (spare / "junk").exists()
     # spare names of the new run never collide with the adopted ones
     await _filled(again)
-    assert len(set(again.spares)) == len(again.spares)
+    names = [n for n, _ in again.spares]
+    assert len(set(names)) == len(names) == 4
+    # an adopted spare is as good as a new one
+    fd = again.open(tmp_path / "t9.out")
+    os.write(fd, b"x")
+    os.close(fd)
+    assert (tmp_path / "t9.out").read_bytes() == b"x" and again.used == 1
