@@ -12,9 +12,10 @@ For each cluster size n, with the LAN defaults (memberlist's DefaultLANConfig):
 * bytes/s per node (mean, max) in steady state: membership alone (comparable to
   memberlist), and with every node publishing its load report (our extension);
 * memberlist's formulas for the same n: suspicion timeout min/max, expected
-  detection time (probe interval + suspicion timeout), and the bytes/s bound of
-  its defaults (gossip_nodes * max_packet / gossip_interval + full ping and ack
-  per probe interval).
+  detection time (wait for the first probe + the failing probe's interval +
+  suspicion timeout: see memberlist_formulas), and the bytes/s bound of its
+  defaults (gossip_nodes * max_packet / gossip_interval + full ping and ack per
+  probe interval).
 
 All times are simulated seconds. The table goes to stdout, the figures to
 bench/results/gossip.json. (A real-process part is to be added by the agent's
@@ -53,13 +54,32 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def memberlist_formulas(cfg: MembershipConfig, n: int) -> dict[str, float]:
+    """memberlist's figures for n members and these settings.
+
+    Detection, memberlist's way (and ours, which is the same algorithm): a killed node
+    is first probed when the first of the n-1 others reaches it in its shuffled
+    round-robin, one probe per interval T; for each member that moment is uniform over
+    its round of (n-1)T, so the first probe comes after F = min of n-1 such draws
+    (median (n-1)T(1 - 2^(-1/(n-1))) ~ T ln 2, mean (n-1)T/n ~ T). That probe fails at
+    the end of its interval (direct, then indirect probes: memberlist's probeNode
+    waits until start + T), the prober suspects, and with the k = mult - 2 independent
+    confirmations that further failed probes bring within it, Lifeguard's suspicion
+    timeout is its minimum, SuspicionMult * log10(n) * T. Detection = F + T + min.
+    The older figure `interval_plus_suspicion_s` (T + min) leaves out F, which
+    memberlist waits too."""
     lo = suspicion_timeout(cfg.suspicion_mult, n, cfg.probe_interval)
     gossip_bps = cfg.gossip_nodes * cfg.max_packet_size / cfg.gossip_interval
     probe_bps = 2 * cfg.max_packet_size / cfg.probe_interval  # ping + ack, both full
+    t, others = cfg.probe_interval, max(1, n - 1)
+    first_probe_median = others * t * (1.0 - 2.0 ** (-1.0 / others))
+    first_probe_mean = others * t / (others + 1)
     return {
         "suspicion_min_s": lo,
         "suspicion_max_s": cfg.suspicion_max_timeout_mult * lo,
-        "expected_detection_s": cfg.probe_interval + lo,
+        "first_probe_median_s": first_probe_median,
+        "expected_detection_median_s": first_probe_median + t + lo,
+        "expected_detection_mean_s": first_probe_mean + t + lo,
+        "interval_plus_suspicion_s": t + lo,
         "gossip_bytes_per_s": gossip_bps,
         "bytes_per_s_bound": gossip_bps + probe_bps,
         "retransmit_limit": g.retransmit_limit(cfg.retransmit_mult, n),
@@ -144,6 +164,9 @@ def scenario_membership(
     # kills, one after the other, each at a random moment
     per_member: list[float] = []
     all_members: list[float] = []
+    # memberlist's expected detection for each kill, at the member count of that moment
+    # (each kill shrinks the cluster, and the suspicion timeout follows log10(n))
+    model_at_kill: list[float] = []
     bound = 3 * cfg.probe_interval + memberlist_formulas(cfg, n)["suspicion_max_s"] + 10.0
     for _ in range(plan["kills"]):
         net.run_for(net.rng.uniform(0.0, cfg.probe_interval * 3))
@@ -154,6 +177,8 @@ def scenario_membership(
         t_kill = net.now
         net.kill(victim.id)
         watchers = {nd.id for nd in net.live_nodes()}
+        members = len(watchers) + 1  # the victim counts until it is declared dead
+        model_at_kill.append(memberlist_formulas(cfg, members)["expected_detection_median_s"])
 
         def all_dead(v: str = victim.id, w: set[str] = watchers) -> bool:
             return len(dead_at.get(v, {}).keys() & w) >= len(w)
@@ -171,7 +196,10 @@ def scenario_membership(
         },
         "kill": {
             "victims": plan["kills"],
+            "memberlist_median_at_kills_s": statistics.median(model_at_kill),
+            "members_first_last_kill": [n + 1, n + 2 - plan["kills"]],
             "per_member_median_s": statistics.median(per_member) if per_member else math.nan,
+            "per_member_mean_s": statistics.fmean(per_member) if per_member else math.nan,
             "per_member_p99_s": pct(per_member, 99),
             "all_members_median_s": statistics.median(all_members),
             "all_members_max_s": max(all_members),
@@ -255,10 +283,13 @@ def plan_for(n: int, quick: bool) -> dict[str, Any]:
         plan = {"warmup": 5.0, "steady": 5.0, "kills": 2, "loss_s": (30.0, 20.0)}
         plan["load"] = (10.0, 5.0)
     elif n <= 1000:
-        plan = {"warmup": 10.0, "steady": 10.0, "kills": 5, "loss_s": (60.0, 40.0)}
+        # 100 victims: the wait for the first probe is ~exponential with mean T, so a
+        # median over k victims has a standard error of ~T/sqrt(k); over 5 (as before)
+        # it moved by +-0.5 s from run to run
+        plan = {"warmup": 10.0, "steady": 10.0, "kills": min(100, n // 3), "loss_s": (60.0, 40.0)}
         plan["load"] = (20.0, 10.0)
     else:
-        plan = {"warmup": 2.0, "steady": 5.0, "kills": 2, "loss_s": (30.0, 15.0)}
+        plan = {"warmup": 2.0, "steady": 5.0, "kills": 10, "loss_s": (30.0, 15.0)}
         plan["load"] = (5.0, 5.0)
     return plan
 
@@ -268,6 +299,7 @@ def run_size(n: int, seed: int, quick: bool, with_load: bool) -> dict[str, Any]:
     plan = plan_for(n, quick)
     started = time.monotonic()
     res: dict[str, Any] = {"n": n, "plan": plan, "memberlist": memberlist_formulas(cfg, n)}
+    res["config_probe_interval"] = cfg.probe_interval
     res["membership"] = scenario_membership(n, cfg, seed, plan)
     res["loss"] = [
         scenario_loss(n, cfg, seed + i + 1, p, secs)
@@ -316,8 +348,20 @@ def print_table(results: list[dict[str, Any]]) -> None:
             both("membership.kill.all_members_median_s", "membership.kill.all_members_max_s"),
         ),
         (
-            "memberlist: expected detection s",
-            lambda r: fmt(at(r, "memberlist.expected_detection_s")),
+            "kill: member mean s",
+            lambda r: fmt(at(r, "membership.kill.per_member_mean_s"), 2),
+        ),
+        (
+            "memberlist: detection median / mean s",
+            both("memberlist.expected_detection_median_s", "memberlist.expected_detection_mean_s"),
+        ),
+        (
+            "memberlist: median at the kills' n s",
+            lambda r: fmt(at(r, "membership.kill.memberlist_median_at_kills_s"), 2),
+        ),
+        (
+            "memberlist: T + suspicion min s",
+            lambda r: fmt(at(r, "memberlist.interval_plus_suspicion_s")),
         ),
         (
             "memberlist: suspicion min / max s",
@@ -375,6 +419,38 @@ def print_table(results: list[dict[str, Any]]) -> None:
         print(line(r))
 
 
+def detection_verdict(r: dict[str, Any]) -> tuple[str, float, float, float]:
+    """(verdict, measured median, memberlist's median, standard error of the measured
+    median). The error comes from the wait for the first probe, ~exponential with
+    mean T: its sample median over k victims has a standard error of ~T / sqrt(k)."""
+    measured = float(at(r, "membership.kill.per_member_median_s"))
+    model = float(at(r, "membership.kill.memberlist_median_at_kills_s"))
+    victims = int(at(r, "membership.kill.victims"))
+    se = float(r["config_probe_interval"]) / math.sqrt(max(1, victims))
+    if measured <= model:
+        verdict = "met"
+    elif measured <= model + 2 * se:
+        verdict = f"within sampling error (+{measured - model:.2f} s, 2 SE = {2 * se:.2f} s)"
+    else:
+        verdict = "NOT met"
+    return verdict, measured, model, se
+
+
+def print_targets(results: list[dict[str, Any]]) -> None:
+    print()
+    for r in results:
+        verdict, measured, model, se = detection_verdict(r)
+        bps = float(at(r, "membership.steady_bytes_per_s.mean"))
+        bound = float(at(r, "memberlist.bytes_per_s_bound"))
+        fp5 = at(r, "loss.0.false_dead_events")
+        print(
+            f"n={r['n']}: detection median {measured:.2f} s vs memberlist {model:.2f} s "
+            f"(SE {se:.2f} s): {verdict}; bytes/s {bps:.0f} vs {bound:.0f}: "
+            f"{'met' if bps <= bound else 'NOT met'}; false dead at 5% loss {fp5}: "
+            f"{'met' if fp5 == 0 else 'NOT met'}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -394,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"n={n} ...", file=sys.stderr, flush=True)
         results.append(run_size(n, args.seed, args.quick, with_load=not args.no_load))
     print_table(results)
+    print_targets(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cfg = MembershipConfig.lan()
     doc = {
