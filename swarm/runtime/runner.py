@@ -95,7 +95,8 @@ class LocalRunner:
         self._nursery: trio.Nursery | None = None
         self._dispatching = False
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.logfiles = LogFiles(log_dir, keep=max(16, 4 * slots))
+        # spare log files (open descriptors): enough for a burst of starts, bounded
+        self.logfiles = LogFiles(log_dir, keep=min(64, max(16, 2 * slots)))
 
     # ------------------------------------------------------------ queue API
 
