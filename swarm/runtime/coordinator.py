@@ -338,7 +338,7 @@ class Coordinator:
 
     # ----------------------------------------------------------- placement
 
-    def place_soon(self, tid: m.TaskId, first: pl.Placement | None = None) -> None:
+    def place_soon(self, tid: m.TaskId) -> None:
         """Place a queued task whose home is here. The common case, this node chosen
         and admission agreeing, is done at once, without trips through the scheduler:
         the task is in the run queue before the submit reply goes out (submit-to-start
@@ -346,10 +346,10 @@ class Coordinator:
         _place_task."""
         if tid in self.placing or self._nursery is None:
             return
+        first: pl.Placement | None = None  # a remote choice, for _place_task to carry out
         t = self.table.active.get(tid)
         if t is not None and self._placeable(t):
-            if first is None:
-                first = self._choose_node(t.spec, self.local_report(), trio.current_time())
+            first = self._choose_node(t.spec, self.local_report(), trio.current_time())
             if first.target == self.node:
                 adm = self._admit_here(t)
                 if adm.ok:
@@ -357,8 +357,6 @@ class Coordinator:
                     self._run_here(t, first, adm)
                     return
                 first = None  # refused: _place_task records it and retries around it
-        else:
-            first = None
         self.placing.add(tid)
         self._nursery.start_soon(self._place_task, tid, first)
 

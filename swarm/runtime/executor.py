@@ -13,7 +13,6 @@ Isolation hooks (running as another user, cgroup limits) are applied through
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import shutil
 import signal as _signal
@@ -186,10 +185,6 @@ class Child:
         except (OSError, AttributeError):  # old kernel: poll instead
             self._pidfd = None
 
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.returncode
-
     async def wait(self) -> int:
         async with self._lock:
             while self.popen.poll() is None:
@@ -210,7 +205,7 @@ class Child:
 
 
 @attrs.frozen
-class _Spawn:
+class Spawn:
     """A process ready to be started: its Popen arguments and open log files."""
 
     plan: ProcessPlan
@@ -267,36 +262,36 @@ class Executor:
         self,
         plan: ProcessPlan,
         on_started: Callable[[int, float], Awaitable[None]] | None = None,
-        logs: OpenLogs | None = None,
     ) -> ProcessResult:
-        """Run one attempt to completion. Cancellation of the caller kills the group.
-        `logs`: the plan's stdout/stderr files, already open (they are closed here)."""
+        """Run one attempt to completion. Cancellation of the caller kills the group."""
         self.claim(plan.task_id)
         try:
-            spawn = self._prepare(plan, logs)
-            if isinstance(spawn, ProcessResult):
-                return spawn
-            started = await self._popen_async(spawn) if spawn.forks else self._popen(spawn)
-            if isinstance(started, ProcessResult):
-                return started
-            return await self._supervise(started, on_started)
+            begun = self.start(plan)
+            if isinstance(begun, Spawn):
+                begun = await self.start_in_thread(begun)
+            if isinstance(begun, ProcessResult):
+                return begun
+            return await self._supervise(begun, on_started)
         finally:
             self.release(plan.task_id)
 
     def start(
         self, plan: ProcessPlan, logs: OpenLogs | None = None
-    ) -> Running | ProcessResult | None:
+    ) -> Running | ProcessResult | Spawn:
         """Start a claimed task's process right now, on the loop (the vfork path costs
         ~0.3 ms), for callers that must not wait for a scheduler pass; then `watch` it.
-        A ProcessResult: it did not start. None: starting it would fork the agent (a
-        preexec_fn or a user switch without setpriv), so use `run`, which does that in
-        a thread; `logs` are then still open, for `run`."""
+        `logs`: the plan's stdout/stderr, already open (they are closed here). A
+        ProcessResult: it did not start. A Spawn: starting it forks the agent (a
+        preexec_fn, or a user switch without setpriv): `start_in_thread` does that."""
         spawn = self._prepare(plan, logs)
-        if isinstance(spawn, ProcessResult):
+        if isinstance(spawn, ProcessResult) or spawn.forks:
             return spawn
-        if spawn.forks:
-            return None
-        return self._popen(spawn)
+        return self._spawned(spawn, _popen(spawn))
+
+    async def start_in_thread(self, spawn: Spawn) -> Running | ProcessResult:
+        """The forking start, in a worker thread: a fork copies the agent, which must
+        not stall the loop."""
+        return self._spawned(spawn, await trio.to_thread.run_sync(_popen, spawn))
 
     async def watch(
         self,
@@ -309,7 +304,7 @@ class Executor:
         finally:
             self.release(handle.task_id)
 
-    def _prepare(self, plan: ProcessPlan, logs: OpenLogs | None) -> _Spawn | ProcessResult:
+    def _prepare(self, plan: ProcessPlan, logs: OpenLogs | None) -> Spawn | ProcessResult:
         if plan.task_id in self._doomed:  # terminated before it started: never start it
             if logs is not None:
                 close_logs(logs)
@@ -340,35 +335,21 @@ class Executor:
             start_new_session=True,
             close_fds=True,
         )
-        # fork, not vfork: that copies the agent, which must not stall the loop
         forks = any(kwargs.get(k) is not None for k in _FORKING)
-        return _Spawn(plan, argv, kwargs, (out, err), forks)
+        return Spawn(plan, argv, kwargs, (out, err), forks)
 
-    def _popen(self, spawn: _Spawn) -> Running | ProcessResult:
-        try:
-            popen = subprocess.Popen(spawn.argv, **spawn.kwargs)
-        except (OSError, subprocess.SubprocessError, ValueError) as e:
-            return self._not_started(spawn, e)
-        finally:
-            close_logs(spawn.logs)
-        return self._started(spawn.plan, Child(popen))
-
-    async def _popen_async(self, spawn: _Spawn) -> Running | ProcessResult:
-        start = functools.partial(subprocess.Popen, spawn.argv, **spawn.kwargs)
-        try:
-            popen = await trio.to_thread.run_sync(start)
-        except (OSError, subprocess.SubprocessError, ValueError) as e:
-            return self._not_started(spawn, e)
-        finally:
-            close_logs(spawn.logs)
-        return self._started(spawn.plan, Child(popen))
-
-    def _not_started(self, spawn: _Spawn, e: BaseException) -> ProcessResult:
-        msg = _spawn_error(spawn.plan, e)
-        try:
+    def _spawned(
+        self, spawn: Spawn, popen: subprocess.Popen[Any] | BaseException
+    ) -> Running | ProcessResult:
+        if not isinstance(popen, BaseException):
+            close_logs(spawn.logs)  # the child has its own copies
+            return self._started(spawn.plan, Child(popen))
+        msg = _spawn_error(spawn.plan, popen)
+        try:  # where the task's own stderr would have gone
             os.write(spawn.logs[1], f"swarm: {msg}\n".encode())
         except OSError:
             pass
+        close_logs(spawn.logs)
         return ProcessResult(None, None, spawn_error=msg)
 
     def _started(self, plan: ProcessPlan, proc: Child) -> Running:
@@ -440,12 +421,24 @@ class Executor:
 LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 
 
-def open_logs(stdout: Path, stderr: Path) -> OpenLogs:
-    """A task's output files, created if new, appended to (an attempt after a retry
-    or a migration continues the same files)."""
-    out = os.open(stdout, LOG_FLAGS, 0o666)
+def _popen(spawn: Spawn) -> subprocess.Popen[Any] | BaseException:
+    """Popen, with the failure to start returned (this may run in a worker thread)."""
     try:
-        err = os.open(stderr, LOG_FLAGS, 0o666)
+        return subprocess.Popen(spawn.argv, **spawn.kwargs)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        return e
+
+
+def open_log(path: Path) -> int:
+    """A task's output file, created if new, appended to (an attempt after a retry or
+    a migration continues the same file)."""
+    return os.open(path, LOG_FLAGS, 0o666)
+
+
+def open_logs(stdout: Path, stderr: Path, open_one: Callable[[Path], int] = open_log) -> OpenLogs:
+    out = open_one(stdout)
+    try:
+        err = open_one(stderr)
     except OSError:
         os.close(out)
         raise

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import trio
 
-from .executor import LOG_FLAGS as open_flags
+from .executor import LOG_FLAGS, OpenLogs, open_log, open_logs
 
 SPARE_DIR = ".spare"
 
@@ -50,7 +50,7 @@ class LogFiles:
         for e in entries:
             try:
                 if e.is_file(follow_symlinks=False) and e.stat().st_size == 0:
-                    self.spares.append((e.name, os.open(e.path, open_flags)))
+                    self.spares.append((e.name, os.open(e.path, LOG_FLAGS)))
                 else:
                     os.unlink(e.path)
             except OSError:
@@ -70,16 +70,10 @@ class LogFiles:
             else:
                 self.used += 1
                 return fd
-        return os.open(path, open_flags, 0o666)
+        return open_log(path)
 
-    def open_pair(self, stdout: Path, stderr: Path) -> tuple[int, int]:
-        out = self.open(stdout)
-        try:
-            err = self.open(stderr)
-        except OSError:
-            os.close(out)
-            raise
-        return out, err
+    def open_pair(self, stdout: Path, stderr: Path) -> OpenLogs:
+        return open_logs(stdout, stderr, self.open)
 
     async def keep_filled(self) -> None:
         """Background: top the spares up whenever they run low, in a worker thread (the
@@ -102,7 +96,7 @@ class LogFiles:
         made = []
         for name in names:
             try:
-                fd = os.open(self.spare_dir / name, open_flags | os.O_EXCL, 0o666)
+                fd = os.open(self.spare_dir / name, LOG_FLAGS | os.O_EXCL, 0o666)
             except OSError:
                 break
             made.append((name, fd))

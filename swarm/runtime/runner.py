@@ -20,7 +20,7 @@ import trio
 
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
-from .executor import Executor, OpenLogs, ProcessPlan, ProcessResult, Running
+from .executor import Executor, ProcessPlan, ProcessResult, Running, Spawn
 from .journal import DelProc, PutProc
 from .logfiles import LogFiles
 from .tasks import TaskTable
@@ -49,8 +49,7 @@ class _Launch:
 
     plan: ProcessPlan | None
     hooked: bool  # the plan hooks ran: the exit hook undoes what they set up
-    begun: Running | ProcessResult | None  # its process; why not; None: start it in a thread
-    logs: OpenLogs | None  # still open, for that thread start
+    begun: Running | ProcessResult | Spawn  # its process; why not; or: start it in a thread
 
 
 class LocalRunner:
@@ -177,7 +176,7 @@ class LocalRunner:
             except Exception as e:  # a bug in a hook must not take the caller down
                 self.log.error("task.launch_failed", task=tid, error=repr(e))
                 failed = ProcessResult(None, None, spawn_error=f"cannot start: {e!r}")
-                launch = _Launch(None, False, failed, None)
+                launch = _Launch(None, False, failed)
             nursery.start_soon(self._execute, task, launch)
         keep.extend(self.queue)
         self.queue = keep
@@ -216,20 +215,19 @@ class LocalRunner:
             try:
                 plan = self.plan_hook(task, plan)
             except PlanRefused as e:
-                return _Launch(plan, False, ProcessResult(None, None, spawn_error=str(e)), None)
+                return _Launch(plan, False, ProcessResult(None, None, spawn_error=str(e)))
         if task.spec.migrate is not m.MigrateMode.NEVER:
             try:
                 self.state_dir_of(task.id).mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 why = f"cannot create its state directory: {e}"
-                return _Launch(plan, True, ProcessResult(None, None, spawn_error=why), None)
+                return _Launch(plan, True, ProcessResult(None, None, spawn_error=why))
         try:
             logs = self.logfiles.open_pair(plan.stdout, plan.stderr)
         except OSError as e:
             why = f"cannot open log file: {e}"
-            return _Launch(plan, True, ProcessResult(None, None, spawn_error=why), None)
-        begun = self.executor.start(plan, logs)
-        return _Launch(plan, True, begun, logs if begun is None else None)
+            return _Launch(plan, True, ProcessResult(None, None, spawn_error=why))
+        return _Launch(plan, True, self.executor.start(plan, logs))
 
     async def _execute(self, task: m.Task, launch: _Launch) -> None:
         tid = task.id
@@ -240,13 +238,12 @@ class LocalRunner:
                 self.log.info("task.process", task=tid, pid=pid)
 
             begun = launch.begun
+            if isinstance(begun, Spawn):  # its start forks the agent: in a thread
+                begun = await self.executor.start_in_thread(begun)
             if isinstance(begun, ProcessResult):
                 result = begun
-            elif begun is not None:
+            else:
                 result = await self.executor.watch(begun, on_started=started)
-            else:  # its start forks the agent: in a thread
-                assert launch.plan is not None and launch.logs is not None
-                result = await self.executor.run(launch.plan, on_started=started, logs=launch.logs)
             with trio.CancelScope(shield=True):
                 why: str | None = None
                 if self.exit_hook is not None and launch.plan is not None and launch.hooked:
