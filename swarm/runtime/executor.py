@@ -17,6 +17,7 @@ import os
 import shutil
 import signal as _signal
 import subprocess
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,10 @@ class ProcessPlan:
     gid: int | None = None
     groups: tuple[int, ...] | None = None
     cgroup_procs: tuple[Path, ...] = ()  # cgroup.procs files to join before exec
+    # cgroup v1, per hierarchy: (the task group's `tasks` file, the agent's own). The
+    # starting thread joins the first, starts the process, which inherits it, and
+    # goes back: no wrapper process. Empty: the child joins cgroup_procs itself.
+    cgroup_threads: tuple[tuple[Path, Path], ...] = ()
     umask: int | None = None  # the task's umask (None: inherit the agent's)
 
 
@@ -97,11 +102,18 @@ _CGJOIN = (
 SETPRIV = shutil.which("setpriv")
 
 
+def _wrapper_joins(plan: ProcessPlan) -> bool:
+    """Does the child join its cgroups itself (not inherit them from the starter)?"""
+    return bool(plan.cgroup_procs) and not plan.cgroup_threads
+
+
 def spawn_argv(plan: ProcessPlan) -> tuple[list[str], dict[str, Any]] | None:
     """argv and Popen arguments that keep the start on the fast (vfork) path: cgroups
-    are joined by a tiny shell wrapper, the user is switched by setpriv(1), both after
-    the agent's privileged part. None: not possible here (no setpriv), use preexec_fn."""
+    are inherited from the starting thread or joined by a tiny shell wrapper, the user
+    is switched by setpriv(1), both after the agent's privileged part. None: not
+    possible here (no setpriv), use preexec_fn."""
     argv = list(plan.argv)
+    wrapper = _wrapper_joins(plan)
     kwargs: dict[str, Any] = {}
     if plan.uid is not None and (plan.uid != os.geteuid() or plan.gid not in (None, os.getegid())):
         if SETPRIV is not None:
@@ -111,11 +123,11 @@ def spawn_argv(plan: ProcessPlan) -> tuple[list[str], dict[str, Any]] | None:
             groups = ",".join(str(g) for g in plan.groups or ())
             switch.append(f"--groups={groups}" if groups else "--clear-groups")
             argv = [*switch, "--", *argv]
-        elif plan.cgroup_procs:
+        elif wrapper:
             return None  # switching in Popen happens before the wrapper could join
         else:
             kwargs.update(user=plan.uid, group=plan.gid, extra_groups=list(plan.groups or ()))
-    if plan.cgroup_procs:
+    if wrapper:
         argv = ["/bin/sh", "-c", _CGJOIN, "swarm-cgjoin", *map(str, plan.cgroup_procs), "--", *argv]
     return argv, kwargs
 
@@ -316,7 +328,7 @@ class Executor:
         fast = spawn_argv(plan)
         if fast is not None:
             argv, kwargs = fast
-            if not _command_exists(plan) and (plan.cgroup_procs or argv[0] == SETPRIV):
+            if (_wrapper_joins(plan) or argv[0] == SETPRIV) and not _command_exists(plan):
                 # the wrapper would report this as "exit 127": say it plainly instead
                 close_logs((out, err))
                 msg = _spawn_error(plan, FileNotFoundError(2, "not found", plan.argv[0]))
@@ -422,11 +434,44 @@ LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 
 
 def _popen(spawn: Spawn) -> subprocess.Popen[Any] | BaseException:
-    """Popen, with the failure to start returned (this may run in a worker thread)."""
+    """Popen, with the failure to start returned (this may run in a worker thread).
+
+    With `cgroup_threads`, the calling thread (alone: v1 moves single threads through
+    `tasks`) joins the task's groups for the start: a child is born in its parent
+    thread's groups. Two writes per hierarchy (~0.03 ms) instead of exec'ing a shell
+    that joins them (~1 ms of CPU and of wall time before the task's own exec)."""
+    tid = str(threading.get_native_id()).encode()
+    joined: list[Path] = []
     try:
+        for task_file, home in spawn.plan.cgroup_threads:
+            try:
+                _write_tid(task_file, tid)
+            except OSError as e:
+                return CgroupJoinError(f"cannot put the process in its cgroup: {task_file}: {e}")
+            joined.append(home)
         return subprocess.Popen(spawn.argv, **spawn.kwargs)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return e
+    finally:
+        for home in joined:
+            try:
+                _write_tid(home, tid)
+            except OSError:
+                # never fail a started process for this: the group's removal will
+                # report it busy (cgroup.remove_failed), and kills skip the agent
+                pass
+
+
+class CgroupJoinError(Exception):
+    """The starting thread could not join the task's cgroup (so nothing was started)."""
+
+
+def _write_tid(tasks_file: Path, tid: bytes) -> None:
+    fd = os.open(tasks_file, os.O_WRONLY)
+    try:
+        os.write(fd, tid)
+    finally:
+        os.close(fd)
 
 
 def open_log(path: Path) -> int:
@@ -451,6 +496,8 @@ def close_logs(logs: OpenLogs) -> None:
 
 
 def _spawn_error(plan: ProcessPlan, e: BaseException) -> str:
+    if isinstance(e, CgroupJoinError):
+        return str(e)
     if isinstance(e, FileNotFoundError):
         if e.filename == plan.cwd or (e.filename is None and not os.path.isdir(plan.cwd)):
             return f"working directory not found: {plan.cwd}"

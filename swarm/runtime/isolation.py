@@ -33,6 +33,7 @@ import hashlib
 import os
 import pwd
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +69,10 @@ class Identity:
     home: str
 
 
+# Below this memory limit a task's process is not started by a thread that joined its
+# memory group: that thread's own allocations in the moment would count against the
+# limit, and an OOM in the group could pick the agent. The child joins by itself.
+THREAD_JOIN_MIN_MEM = 16 << 20
 IDENTITY_TTL = 5.0  # seconds a resolved user is trusted without a new lookup
 
 
@@ -245,6 +250,11 @@ class Cgroups:
     def task_groups(self) -> list[TaskGroup]:
         return []
 
+    def thread_joins(self, group: TaskGroup) -> tuple[tuple[Path, Path], ...]:
+        """(task group `tasks` file, the agent's own) per hierarchy, for a start that
+        joins by thread (ProcessPlan.cgroup_threads); () where only the child can join."""
+        return ()
+
     def parents(self) -> tuple[Path, ...]:
         """This agent's parent groups of its task groups."""
         return ()
@@ -258,17 +268,10 @@ class Cgroups:
                 pass  # not empty (a task group we could not remove) or gone
 
     async def remove(self, group: TaskGroup) -> None:
-        """Kill what is left in the group, then remove it (retrying while busy)."""
-        for _ in range(100):
-            pids = self._pids(group)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            await trio.sleep(0.02)
+        """Remove the group; if something is left in it (a process that left the
+        task's process group), kill that first, then retry while busy. The common
+        case, an empty group, costs one rmdir per hierarchy and no reads."""
+        killed = False
         for d in group.dirs:
             for attempt in range(50):
                 try:
@@ -281,8 +284,25 @@ class Cgroups:
                         self.errors += 1
                         self.log.warning("cgroup.remove_failed", task=group.task_id, error=str(e))
                         break
-                    await trio.sleep(0.02)
+                    if not killed:
+                        await self._kill_members(group)
+                        killed = True
+                    else:
+                        await trio.sleep(0.02)
         self.removed += 1
+
+    async def _kill_members(self, group: TaskGroup) -> None:
+        """SIGKILL every process in the group and wait (up to 2 s) until none is left."""
+        for _ in range(100):
+            pids = self._pids(group)
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            await trio.sleep(0.02)
 
     async def sweep(self) -> int:
         """Remove the task groups a previous run of this agent left behind."""
@@ -312,18 +332,44 @@ class Cgroups:
 
 
 class CgroupV1(Cgroups):
-    """cgroup v1: a task group in the cpu and in the memory hierarchy."""
+    """cgroup v1: a task group in the cpu and in the memory hierarchy.
+
+    `homes`: the agent's own groups' `tasks` files (cpu, memory). With them, a task's
+    process is started by a thread that has joined the task's groups for the moment
+    of the start, so the child is born there (v1 moves single threads)."""
 
     kind = "cgroup1"
 
-    def __init__(self, cpu: Path, memory: Path, log: EventLog = NULL_LOG) -> None:
+    def __init__(
+        self,
+        cpu: Path,
+        memory: Path,
+        log: EventLog = NULL_LOG,
+        homes: tuple[Path, Path] | None = None,
+    ) -> None:
         super().__init__(f"cpu {cpu}, memory {memory}", log)
         self.cpu = cpu
         self.memory = memory
+        self.homes = homes
 
     def setup(self) -> None:
         for d in (self.cpu, self.memory):
             self._mkdir(d)
+        if self.homes is not None:
+            try:  # moving this thread to where it is: proves we may move threads
+                tid = str(threading.get_native_id())
+                for home in self.homes:
+                    _write(home, tid)
+            except OSError as e:
+                self.log.info("cgroup.thread_join_off", error=str(e))
+                self.homes = None
+
+    def thread_joins(self, group: TaskGroup) -> tuple[tuple[Path, Path], ...]:
+        if self.homes is None or (
+            group.mem_limit is not None and group.mem_limit < THREAD_JOIN_MIN_MEM
+        ):
+            return ()
+        return tuple(zip((d / "tasks" for d in group.dirs), self.homes, strict=True))
 
     def parents(self) -> tuple[Path, ...]:
         return (self.cpu, self.memory)
@@ -507,6 +553,7 @@ def try_cgroup2(key: str, root: Path, self_cgroup: str, log: EventLog) -> Cgroup
 def try_cgroup1(key: str, root: Path, self_cgroup: str, log: EventLog) -> CgroupV1 | str:
     _, v1 = own_cgroups(self_cgroup)
     dirs: dict[str, Path] = {}
+    seen = True  # our own groups are visible (not hidden by a container's mounts)
     for ctrl in ("cpu", "memory"):
         mount = root / ctrl
         if ctrl not in v1 or not (mount / "cgroup.procs").exists():
@@ -514,8 +561,10 @@ def try_cgroup1(key: str, root: Path, self_cgroup: str, log: EventLog) -> Cgroup
         own = _within(mount, v1[ctrl])
         if not _writable(own):
             return f"cgroup v1 {own} is not writable"
+        seen = seen and own == mount / v1[ctrl].lstrip("/")
         dirs[ctrl] = own / key
-    return CgroupV1(dirs["cpu"], dirs["memory"], log)
+    homes = (dirs["cpu"].parent / "tasks", dirs["memory"].parent / "tasks") if seen else None
+    return CgroupV1(dirs["cpu"], dirs["memory"], log, homes=homes)
 
 
 def detect(
@@ -623,6 +672,7 @@ class TaskIsolation:
         if group is not None:
             self.groups[task.id] = group
             changes["cgroup_procs"] = group.procs
+            changes["cgroup_threads"] = self.cgroups.thread_joins(group)
         return attrs.evolve(plan, **changes)
 
     async def finished(self, task: m.Task, plan: ProcessPlan, result: ProcessResult) -> str | None:

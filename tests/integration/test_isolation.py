@@ -202,6 +202,31 @@ def test_memory_limit_kills_with_a_clear_reason_and_cgroups_go(
         assert [p for p in Path(d).iterdir() if p.is_dir()] == [], d
 
 
+def test_a_process_that_left_the_tasks_group_dies_with_its_cgroup(
+    make_agent: AgentFactory, short_tmp: Path
+) -> None:
+    """setsid moves it out of the task's process group (which the executor kills), but
+    not out of the task's cgroup: removing the group finds it and kills it."""
+    _need_users()
+    a = make_agent("s1")
+    _need_cgroups(a)
+    p = a.cli("submit", "--wait", "--", "sh", "-c", "setsid sleep 300 >/dev/null & echo $!")
+    assert p.returncode == 0, p.stderr
+    stray = int(a.cli("logs", p.stdout.strip()).stdout.strip())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{stray}").exists():
+        time.sleep(0.05)
+    assert not Path(f"/proc/{stray}").exists(), "the stray outlived its task's cgroup"
+    groups = re.search(r"event=isolation.ready .*?detail=\"(.*?)\"", a.log_text())
+    assert groups is not None
+    for d in re.findall(r"(/sys/fs/cgroup/\S+?)(?:,|$)", groups.group(1)):
+        assert [p for p in Path(d).iterdir() if p.is_dir()] == [], d
+    # and the agent's own threads are all back in the agent's groups
+    key = Path(re.findall(r"(/sys/fs/cgroup/\S+?)(?:,|$)", groups.group(1))[0]).name
+    for t in Path(f"/proc/{a.pid}/task").iterdir():
+        assert key not in (t / "cgroup").read_text(), t
+
+
 def test_cpu_weight_shows_up_in_the_cgroup(make_agent: AgentFactory, short_tmp: Path) -> None:
     _need_users()
     a = make_agent("w1")

@@ -153,6 +153,7 @@ V2_FILES = {
 }
 V1_FILES = {
     "cgroup.procs": "",
+    "tasks": "",
     "cpu.shares": "1024",
     "memory.limit_in_bytes": "9223372036854771712",
     "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
@@ -214,6 +215,7 @@ def test_detect_falls_back_to_v1_when_v2_lacks_controllers(tmp_path: Path) -> No
     assert isinstance(cg, iso.CgroupV1) and cg.kind == "cgroup1"
     key = iso.agent_key(tmp_path / "state")
     assert cg.cpu == tmp_path / "cpu/grp" / key and cg.memory == tmp_path / "memory/grp" / key
+    assert cg.homes == (tmp_path / "cpu/grp/tasks", tmp_path / "memory/grp/tasks")
 
 
 def test_detect_none_says_why_and_a_forced_kind_fails_loudly(tmp_path: Path) -> None:
@@ -291,6 +293,44 @@ async def test_cgroup1_oom_is_read_from_oom_control_or_failcnt(tmp_path: Path) -
     (tmp_path / "memory/swarm-k/t1/memory.oom_control").write_text("oom_kill 3\n")
     cancelled = ProcessResult(None, signal.SIGTERM, pid=1, cancelled=True)
     assert await ti.finished(_task(), plan, cancelled) is None
+
+
+async def test_cgroup1_starts_by_thread_join_unless_the_memory_limit_is_small(
+    tmp_path: Path,
+) -> None:
+    homes = (tmp_path / "cpu/tasks", tmp_path / "memory/tasks")
+    cg = FakeV1(tmp_path / "cpu/swarm-k", tmp_path / "memory/swarm-k", homes=homes)
+    ti = iso.TaskIsolation(_ids(agent_uid=1000), cg)
+    for h in homes:
+        _populate(h.parent, V1_FILES)
+    await ti.start()
+    assert cg.homes == homes  # setup proved it may move this thread home
+    plan = ti.plan(_task(mem=64 << 20), _plan(tmp_path))
+    groups = (tmp_path / "cpu/swarm-k/t1", tmp_path / "memory/swarm-k/t1")
+    want = tuple((g / "tasks", h) for g, h in zip(groups, homes, strict=True))
+    assert plan.cgroup_threads == want
+    assert plan.cgroup_procs == tuple(g / "cgroup.procs" for g in groups)
+    await ti.finished(_task(), plan, ProcessResult(0, None, pid=1))
+    # a tiny limit: the agent's thread must not count against it, the child joins
+    plan = ti.plan(_task(mem=iso.THREAD_JOIN_MIN_MEM - 1), _plan(tmp_path))
+    assert plan.cgroup_threads == () and plan.cgroup_procs
+
+
+async def test_cgroup1_thread_join_off_when_our_own_group_is_not_ours(tmp_path: Path) -> None:
+    homes = (tmp_path / "nowhere/tasks", tmp_path / "nowhere/tasks")
+    cg = FakeV1(tmp_path / "cpu/swarm-k", tmp_path / "memory/swarm-k", homes=homes)
+    ti = iso.TaskIsolation(_ids(agent_uid=1000), cg)
+    await ti.start()
+    assert ti.kind == "cgroup1" and cg.homes is None
+    plan = ti.plan(_task(mem=None), _plan(tmp_path))
+    assert plan.cgroup_threads == () and plan.cgroup_procs
+
+
+def test_detect_v1_hides_homes_it_cannot_see(tmp_path: Path) -> None:
+    for ctrl in ("cpu", "memory"):
+        _populate(tmp_path / ctrl, V1_FILES)  # our group (/grp) is not visible here
+    cg = iso.detect(tmp_path / "state", root=tmp_path, self_cgroup="4:memory:/grp\n1:cpu:/grp\n")
+    assert isinstance(cg, iso.CgroupV1) and cg.homes is None
 
 
 async def test_sweep_removes_what_a_previous_run_left(tmp_path: Path) -> None:
