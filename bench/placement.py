@@ -148,17 +148,16 @@ def analyse(
     }
 
 
-def run(rule: str, spread: bool, n: int, slots: int, argv: list[str]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="swp-") as d:
-        agents = start_cluster(Path(d), rule, slots)
-        try:
-            ids, t0 = submit_all(agents, n, spread, argv)
-            submit_end = time.time()
-            res = collect(agents, ids, spread)
-            return analyse(agents, res, t0, submit_end, n)
-        finally:
-            for a in agents:
-                a.stop()
+def run(root: Path, rule: str, spread: bool, n: int, slots: int, argv: list[str]) -> dict[str, Any]:
+    agents = start_cluster(root / f"{rule}-{'all' if spread else 'one'}", rule, slots)
+    try:
+        ids, t0 = submit_all(agents, n, spread, argv)
+        submit_end = time.time()
+        res = collect(agents, ids, spread)
+        return analyse(agents, res, t0, submit_end, n)
+    finally:
+        for a in agents:
+            a.stop()
 
 
 def main() -> None:
@@ -170,19 +169,24 @@ def main() -> None:
     args = ap.parse_args()
     argv = args.task.split()
     results: dict[str, Any] = {}
-    for spread in (False, True):
-        for rule in ("two-choice", "random"):
-            key = f"{rule}/{'all-nodes' if spread else 'one-node'}"
-            print(f"running {key} ({args.tasks} tasks)...", flush=True)
-            results[key] = run(rule, spread, args.tasks, args.slots, argv)
-            r = results[key]
-            print(
-                f"  placed {r['placed_per_s']:.0f}/s  submitted {r['submit_per_s']:.0f}/s  "
-                f"done {r['completed_per_s']:.0f}/s  start p50 {r['start_p50_ms']:.0f} ms "
-                f"p99 {r['start_p99_ms']:.0f} ms  CV {r['cv_vs_ideal']:.3f}  "
-                f"transfers/task {r['transfers_per_task']:.3f}  ok {r['succeeded']}/{r['tasks']}",
-                flush=True,
-            )
+    # All runs' files stay until the end: deleting one run's ~20,000 files before the
+    # next run would slow the next run's file creation on a journal-less ext4 (such as
+    # this project's VMs), which skips recently deleted inodes one by one for 1-5 min.
+    with tempfile.TemporaryDirectory(prefix="swp-") as tmp:
+        for spread in (False, True):
+            for rule in ("two-choice", "random"):
+                key = f"{rule}/{'all-nodes' if spread else 'one-node'}"
+                print(f"running {key} ({args.tasks} tasks)...", flush=True)
+                results[key] = run(Path(tmp), rule, spread, args.tasks, args.slots, argv)
+                r = results[key]
+                print(
+                    f"  placed {r['placed_per_s']:.0f}/s  submitted {r['submit_per_s']:.0f}/s  "
+                    f"done {r['completed_per_s']:.0f}/s  start p50 {r['start_p50_ms']:.0f} ms "
+                    f"p99 {r['start_p99_ms']:.0f} ms  CV {r['cv_vs_ideal']:.3f}  "
+                    f"transfers/task {r['transfers_per_task']:.3f}  "
+                    f"ok {r['succeeded']}/{r['tasks']}",
+                    flush=True,
+                )
     summary = {}
     for mode in ("one-node", "all-nodes"):
         two, rnd = results[f"two-choice/{mode}"], results[f"random/{mode}"]

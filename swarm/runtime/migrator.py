@@ -886,14 +886,13 @@ class Migrator:
         self._forget(tid)
         if self._task_here(tid) or tid in self.outgoing or tid in self.retained:
             return
-        path = self.coord.runner.state_dir_of(tid)
-        self._spawn(trio.to_thread.run_sync, remove_tree, path)
+        self._remove_state(tid)
 
     def _release(self, tid: m.TaskId) -> None:
         """The kept copy of a moved task's state is no longer needed."""
         self.retained.pop(tid, None)
         if not self._task_here(tid) and tid not in self.outgoing:
-            self._spawn(trio.to_thread.run_sync, remove_tree, self.coord.runner.state_dir_of(tid))
+            self._remove_state(tid)
 
     async def _tell_source(self, source: m.NodeId, tid: m.TaskId, mid: str) -> None:
         """The task started here: the source may delete the copy it kept."""
@@ -960,7 +959,14 @@ class Migrator:
     def _drop_staged(self, tid: m.TaskId) -> None:
         if self.arrivals.pop(tid, None) is not None:
             self._journal_arrival(tid)
-        self._spawn(trio.to_thread.run_sync, remove_tree, self.coord.runner.state_dir_of(tid))
+        self._remove_state(tid)
+
+    def _remove_state(self, tid: m.TaskId) -> None:
+        """Delete a task's state dir in a worker thread (a tree can be big). Most tasks
+        never made one: one lstat here saves them the thread round trip."""
+        path = self.coord.runner.state_dir_of(tid)
+        if os.path.lexists(path):
+            self._spawn(trio.to_thread.run_sync, remove_tree, path)
 
     # ------------------------------------------------------------- records
 
