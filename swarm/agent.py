@@ -38,6 +38,7 @@ from .runtime.metrics import MetricsServer
 from .runtime.migrator import Migrator, settings_for
 from .runtime.net import TransportError
 from .runtime.notify import Notifier
+from .runtime.retention import Retention
 from .runtime.runner import LocalRunner, PlanRefused
 from .runtime.tasks import TaskTable, UnknownTask, wall_now
 
@@ -171,6 +172,15 @@ class Agent:
         self.migrator.owner_of = self._task_owner
         self.runner.exit_hook = self.isolation.finished
         self.coord.admission_hook = self.isolation.admission_refusal
+        self.retention = Retention(
+            config.keep_finished_s,
+            self.journal,
+            self.table,
+            self.runner.log_paths,
+            self._still_needed,
+            log=self.log,
+            on_forget=lambda tid: self.coord.explains.pop(tid, None),
+        )
         self.notifier = Notifier()
         self.metrics = MetricsServer(config.metrics, self, self.log) if config.metrics else None
         self.cluster.rpc.update(cancel=self.rpc_cancel, explain=self.rpc_explain)
@@ -219,6 +229,7 @@ class Agent:
                 await nursery.start(self.runner.run)
                 await nursery.start(self.coord.run)
                 await nursery.start(self.migrator.run)
+                await nursery.start(self.retention.run)
                 nursery.start_soon(self._signals)
                 api_scope = trio.CancelScope()
 
@@ -267,6 +278,22 @@ class Agent:
             self.isolation.stop()
             self.notifier.close()
             self.log.info("agent.stopped")
+
+    def _still_needed(self, tid: m.TaskId) -> bool:
+        """May retention not forget this finished task yet? Its result is still owed to
+        its home or awaited from a guest, it is moving, or it is a global task, which
+        must stay known as done here or it would start again."""
+        c, mig = self.coord, self.migrator
+        return (
+            tid in c.home.entries
+            or tid in c.guest.entries
+            or tid in c.globals.members
+            or tid in self.runner.running
+            or tid in mig.outgoing
+            or tid in mig.incoming
+            or tid in mig.retained
+            or tid in mig.arrivals
+        )
 
     def _joined(self) -> bool:
         """For READY: joined a peer, or nothing to join (no seeds, no mDNS)."""
@@ -607,6 +634,11 @@ class Agent:
             "journal_commits": self.journal.commits,
             "journal_inline_commits": self.journal.inline_commits,
             "journal_ops": self.journal.ops_written,
+            "retention": {
+                "keep_finished_s": self.retention.keep,
+                "forgotten": self.retention.forgotten,
+                "log_files_removed": self.retention.log_files_removed,
+            },
             "uptime": wall_now() - self.started_at,
             "api": dict(self.api.stats),
             "coordinator": dict(self.coord.counters),

@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from .options import OPTIONS, OPTIONS_BY_NAME, Option
+from .options import OPTIONS, OPTIONS_BY_NAME, Option, parse_duration
 from .paths import default_paths as _default_paths
 
 
@@ -96,6 +96,7 @@ class Config:
     slots: int
     shares: int
     kill_grace: float
+    keep_finished: str
     port: int
     bind: str
     advertise: str | None
@@ -126,6 +127,11 @@ class Config:
     placement: str
     transfer: bool
     config_file: Path | None = None
+
+    @property
+    def keep_finished_s(self) -> float:
+        """keep-finished in seconds (0: keep forever); checked when loaded."""
+        return parse_duration(self.keep_finished)
 
     @property
     def journal_path(self) -> Path:

@@ -46,6 +46,28 @@ def _one_of(*choices: str) -> Callable[[Any], str | None]:
     return check
 
 
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: Any) -> float:
+    """Seconds in "90", "30s", "15m", "12h", "7d" or "2w"; raises ValueError."""
+    t = str(text).strip().lower()
+    scale = _DURATION_UNITS.get(t[-1:])
+    number = t[:-1] if scale is not None else t
+    value = float(number) * (scale or 1.0)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+def _duration(v: Any) -> str | None:
+    try:
+        parse_duration(v)
+    except ValueError:
+        return "must be a duration like 30s, 15m, 12h, 7d or 2w (0 = forever)"
+    return None
+
+
 def _fraction(v: Any) -> str | None:
     return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
 
@@ -59,6 +81,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("slots", "int", None, "tasks run at once on this node (default: CPUs)", _positive),
     Option("shares", "int", 1024, "this node's shares (0 = drain)", _non_negative),
     Option("kill-grace", "float", 10.0, "seconds between SIGTERM and SIGKILL", _non_negative),
+    Option(
+        "keep-finished",
+        "str",
+        "7d",
+        "how long a finished task's record and log files are kept (0 = forever)",
+        _duration,
+    ),
     Option("port", "int", 7946, "UDP+TCP port for gossip and transfer (0 = any)", _port),
     Option("bind", "str", "0.0.0.0", "address to bind the cluster port to"),
     Option("advertise", "str", None, "address peers should use to reach this node"),

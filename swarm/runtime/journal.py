@@ -84,6 +84,14 @@ class DelTask:
 
 
 @attrs.frozen
+class ForgetFinished:
+    """Delete a finished task's record and its events (retention). A task that is not
+    finished (terminal) is left alone, whatever the caller thought."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
 class PutKV:
     key: str
     value: Any  # msgpack-able
@@ -119,7 +127,7 @@ class Event:
     data: Any = None
 
 
-Op = PutTask | DelTask | PutKV | DelKV | PutProc | DelProc | Event
+Op = PutTask | DelTask | ForgetFinished | PutKV | DelKV | PutProc | DelProc | Event
 
 
 @attrs.define
@@ -332,6 +340,10 @@ class Journal:
                 )
         elif isinstance(op, DelTask):
             c.execute("DELETE FROM tasks WHERE id=?", (op.task_id,))
+        elif isinstance(op, ForgetFinished):
+            gone = c.execute("DELETE FROM tasks WHERE id=? AND terminal=1", (op.task_id,))
+            if gone.rowcount:
+                c.execute("DELETE FROM events WHERE task_id=?", (op.task_id,))
         elif isinstance(op, PutKV):
             c.execute(
                 "INSERT INTO kv(key, value) VALUES(?, ?) "
@@ -386,6 +398,19 @@ class Journal:
 
         return await trio.to_thread.run_sync(read, limiter=self._rlimit)
 
+    async def finished_before(self, before: float, limit: int) -> list[m.TaskId]:
+        """Ids of finished tasks whose last change is older than `before` (wall
+        clock), oldest first: what retention may forget."""
+
+        def read() -> list[m.TaskId]:
+            rows = self._rconn.execute(
+                "SELECT id FROM tasks WHERE terminal=1 AND updated<? ORDER BY updated LIMIT ?",
+                (before, limit),
+            ).fetchall()
+            return [m.TaskId(r[0]) for r in rows]
+
+        return await trio.to_thread.run_sync(read, limiter=self._rlimit)
+
     async def recent_terminal(self, limit: int) -> list[m.Task]:
         def read() -> list[m.Task]:
             rows = self._rconn.execute(
@@ -404,7 +429,7 @@ class Journal:
 
 
 def _retry_key(op: Op) -> str:
-    if isinstance(op, (PutTask, DelTask)):
+    if isinstance(op, (PutTask, DelTask, ForgetFinished)):
         return "task:" + (op.task.id if isinstance(op, PutTask) else op.task_id)
     if isinstance(op, (PutKV, DelKV)):
         return "kv:" + op.key
