@@ -19,6 +19,7 @@ import trio
 
 from . import __version__, codec, requests, testbreak, wire
 from . import model as m
+from .cluster import handoff as h
 from .config import Config, ConfigError
 from .crypto import Keyring, KeyringError
 from .logs import EventLog
@@ -33,7 +34,7 @@ from .runtime.coordinator import Coordinator
 from .runtime.executor import Executor, ProcessPlan, kill_orphan
 from .runtime.isolation import Identities, IsolationError, TaskIsolation
 from .runtime.isolation import detect as detect_cgroups
-from .runtime.journal import DelProc, Event, Journal, JournalError, PutKV
+from .runtime.journal import DelKV, DelProc, Event, Journal, JournalError, PutKV
 from .runtime.metrics import MetricsServer
 from .runtime.migrator import Migrator, settings_for
 from .runtime.net import TransportError
@@ -179,7 +180,7 @@ class Agent:
             self.runner.log_paths,
             self._still_needed,
             log=self.log,
-            on_forget=lambda tid: self.coord.explains.pop(tid, None),
+            on_forget=self._forget_task_state,
         )
         self.notifier = Notifier()
         self.metrics = MetricsServer(config.metrics, self, self.log) if config.metrics else None
@@ -284,8 +285,15 @@ class Agent:
         its home or awaited from a guest, it is moving, or it is a global task, which
         must stay known as done here or it would start again."""
         c, mig = self.coord, self.migrator
+        he = c.home.entries.get(tid)
+        home_busy = he is not None and (
+            he.phase in (h.HomePhase.OFFERING, h.HomePhase.REMOTE)
+            or bool(he.revokes)
+            or he.commit_unacked
+            or he.cancel_unacked
+        )
         return (
-            tid in c.home.entries
+            home_busy
             or tid in c.guest.entries
             or tid in c.globals.members
             or tid in self.runner.running
@@ -294,6 +302,15 @@ class Agent:
             or tid in mig.retained
             or tid in mig.arrivals
         )
+
+    def _forget_task_state(self, tid: m.TaskId) -> None:
+        """Retention forgot a task: its settled handoff state (the home's entry stays
+        after the final report, for late revokes) and its cached decisions go too."""
+        self.coord.explains.pop(tid, None)
+        if tid in self.coord.home.entries:
+            self.coord.home.forget(tid)
+            if tid not in self.coord.home.entries:
+                self.journal.enqueue([DelKV("home:" + tid)])
 
     def _joined(self) -> bool:
         """For READY: joined a peer, or nothing to join (no seeds, no mDNS)."""

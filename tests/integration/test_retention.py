@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from swarm.runtime.journal import Event, Journal, PutTask
 from swarm.runtime.retention import BATCH, Retention, pass_interval
 from swarm.runtime.tasks import TaskTable
 from tests.conftest import AgentFactory
+from tests.integration.test_cluster import LOOP, all_see, wait_for
 
 S = m.TaskState
 DAY = 86400.0
@@ -112,3 +114,30 @@ def test_an_agent_forgets_finished_tasks_after_keep_finished(make_agent: AgentFa
     info = json.loads(a.cli("info").stdout)
     assert info["retention"]["forgotten"] >= 1 and info["retention"]["keep_finished_s"] == 2.0
     assert "event=retention.forgot" in a.log_text()
+
+
+def test_a_task_run_elsewhere_is_forgotten_at_its_home_and_where_it_ran(
+    make_agent: AgentFactory,
+) -> None:
+    keep = ("--keep-finished", "3s")
+    home = make_agent("rh", *LOOP, *keep)
+    peer = make_agent("rp", *LOOP, *keep, "--seeds", f"127.0.0.1:{home.port}")
+    wait_for(lambda: all_see([home, peer], {"rh", "rp"}), 60, "two agents to converge")
+    assert "drained" in home.cli("drain").stdout  # the only other place is rp
+    done = home.cli("submit", "--wait", "--", "sh", "-c", "echo ran-elsewhere")
+    assert done.returncode == 0, done.stderr
+    tid = done.stdout.strip()
+    assert json.loads(home.cli("status", "--json", tid).stdout)["node"] == "rp"
+    assert home.cli("logs", tid).stdout == "ran-elsewhere\n"  # streamed from rp
+    ran = peer.state_dir / "logs" / f"{tid}.out"
+    assert ran.exists()
+
+    wait_for(lambda: home.cli("status", tid).returncode == 1, 30, "the home to forget it")
+    wait_for(lambda: not ran.exists(), 30, "rp to forget it and its logs")
+    # the home's settled handoff state went with it (kept only for late revokes)
+    db = sqlite3.connect(f"file:{home.state_dir / 'journal.db'}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT count(*) FROM kv WHERE key=?", ("home:" + tid,)).fetchone()
+    finally:
+        db.close()
+    assert rows == (0,)
