@@ -86,6 +86,9 @@ class Coordinator:
         self.home = h.HomeSide(node)
         self.guest = h.GuestSide(node)
         self.tomb_at: dict[m.TaskId, float] = {}
+        # tasks with a guest:<id> key in the journal: only those need a delete when
+        # their guest entry goes (a home-only task would write a useless one per change)
+        self._guest_keys: set[m.TaskId] = set()
         self.view = LoadView()
         self.sampler = Sampler()
         self.sample: HostSample = self.sampler.sample()
@@ -142,6 +145,7 @@ class Coordinator:
                 if key.startswith("home:"):
                     self.home.restore(h.home_entry_from_wire(value))
                 elif key.startswith("guest:"):
+                    self._guest_keys.add(key[6:])
                     self.guest.restore(h.guest_entry_from_wire(value))
                 elif key.startswith("tomb:"):
                     epoch, at = int(value[0]), float(value[1])
@@ -186,8 +190,11 @@ class Coordinator:
             ge = self.guest.entries.get(tid)
             if ge is not None:
                 ops.append(PutKV("guest:" + tid, h.guest_entry_to_wire(ge)))
+                self._guest_keys.add(tid)
             else:
-                ops.append(DelKV("guest:" + tid))
+                if tid in self._guest_keys:
+                    ops.append(DelKV("guest:" + tid))
+                    self._guest_keys.discard(tid)
                 if tid in self.guest.tombstones:
                     self.tomb_at.setdefault(tid, now)
                     ops.append(
