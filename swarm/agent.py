@@ -19,7 +19,6 @@ import trio
 
 from . import __version__, codec, requests, testbreak, wire
 from . import model as m
-from .cluster import handoff as h
 from .config import Config, ConfigError
 from .crypto import Keyring, KeyringError
 from .logs import EventLog
@@ -285,15 +284,8 @@ class Agent:
         its home or awaited from a guest, it is moving, or it is a global task, which
         must stay known as done here or it would start again."""
         c, mig = self.coord, self.migrator
-        he = c.home.entries.get(tid)
-        home_busy = he is not None and (
-            he.phase in (h.HomePhase.OFFERING, h.HomePhase.REMOTE)
-            or bool(he.revokes)
-            or he.commit_unacked
-            or he.cancel_unacked
-        )
         return (
-            home_busy
+            not c.home.settled(tid)
             or tid in c.guest.entries
             or tid in c.globals.members
             or tid in self.runner.running
@@ -307,10 +299,8 @@ class Agent:
         """Retention forgot a task: its settled handoff state (the home's entry stays
         after the final report, for late revokes) and its cached decisions go too."""
         self.coord.explains.pop(tid, None)
-        if tid in self.coord.home.entries:
-            self.coord.home.forget(tid)
-            if tid not in self.coord.home.entries:
-                self.journal.enqueue([DelKV("home:" + tid)])
+        if self.coord.home.forget(tid):
+            self.journal.enqueue([DelKV("home:" + tid)])
 
     def _joined(self) -> bool:
         """For READY: joined a peer, or nothing to join (no seeds, no mDNS)."""

@@ -345,10 +345,23 @@ class HomeSide:
     def restore(self, entry: HomeEntry) -> None:
         self.entries[entry.task_id] = entry
 
-    def forget(self, task_id: TaskId) -> None:
+    def settled(self, task_id: TaskId) -> bool:
+        """Nothing left to do for this task's handoff: not offered or held elsewhere,
+        no commit, cancel or revoke still waiting for an answer."""
         e = self.entries.get(task_id)
-        if e is not None and not e.revokes and not e.commit_unacked and not e.cancel_unacked:
+        return e is None or (
+            e.phase in (HomePhase.LOCAL, HomePhase.DONE)
+            and not e.revokes
+            and not e.commit_unacked
+            and not e.cancel_unacked
+        )
+
+    def forget(self, task_id: TaskId) -> bool:
+        """Drop a settled entry (the task itself is being forgotten). True if dropped."""
+        if task_id in self.entries and self.settled(task_id):
             del self.entries[task_id]
+            return True
+        return False
 
     def holder(self, task_id: TaskId) -> NodeId | None:
         e = self.entries.get(task_id)

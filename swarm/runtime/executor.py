@@ -440,12 +440,12 @@ def _popen(spawn: Spawn) -> subprocess.Popen[Any] | BaseException:
     `tasks`) joins the task's groups for the start: a child is born in its parent
     thread's groups. Two writes per hierarchy (~0.03 ms) instead of exec'ing a shell
     that joins them (~1 ms of CPU and of wall time before the task's own exec)."""
-    tid = str(threading.get_native_id()).encode()
+    tid = str(threading.get_native_id())
     joined: list[Path] = []
     try:
         for task_file, home in spawn.plan.cgroup_threads:
             try:
-                _write_tid(task_file, tid)
+                write_control(task_file, tid)
             except OSError as e:
                 return CgroupJoinError(f"cannot put the process in its cgroup: {task_file}: {e}")
             joined.append(home)
@@ -455,7 +455,7 @@ def _popen(spawn: Spawn) -> subprocess.Popen[Any] | BaseException:
     finally:
         for home in joined:
             try:
-                _write_tid(home, tid)
+                write_control(home, tid)
             except OSError:
                 # never fail a started process for this: the group's removal will
                 # report it busy (cgroup.remove_failed), and kills skip the agent
@@ -466,10 +466,11 @@ class CgroupJoinError(Exception):
     """The starting thread could not join the task's cgroup (so nothing was started)."""
 
 
-def _write_tid(tasks_file: Path, tid: bytes) -> None:
-    fd = os.open(tasks_file, os.O_WRONLY)
+def write_control(path: Path, value: str) -> None:
+    """Write a kernel control file (cgroupfs): never created, a missing one is an error."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
     try:
-        os.write(fd, tid)
+        os.write(fd, value.encode())
     finally:
         os.close(fd)
 

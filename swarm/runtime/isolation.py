@@ -45,6 +45,7 @@ import trio
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
 from .executor import ProcessPlan, ProcessResult
+from .executor import write_control as _write
 from .runner import PlanRefused
 
 KINDS = ("cgroup2", "cgroup1", "none")
@@ -194,14 +195,6 @@ def cpu_weight(weight: float) -> int:
 def agent_key(state_dir: Path) -> str:
     """Names this agent's task-group parent; stable across restarts of the same agent."""
     return "swarm-" + hashlib.sha1(str(state_dir).encode()).hexdigest()[:8]
-
-
-def _write(path: Path, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # never O_CREAT: a missing file is an error
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
 
 
 def _read(path: Path) -> str:

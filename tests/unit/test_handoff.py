@@ -322,3 +322,22 @@ def test_restarted_guest_asks_before_running() -> None:
     assert sends == [h.Send("H", q)]
     outs = g2.on_reply("H", q, h.Reply("t1", 1, True, h.Verdict.YOURS), 1.1)
     assert outs == [h.RunNow("t1")] and g2.may_run("t1")
+
+
+def test_only_a_settled_home_entry_can_be_forgotten() -> None:
+    home = h.HomeSide("H")
+    assert home.settled("t1") and not home.forget("t1")  # nothing tracked
+    home.offer(SPEC, "A", 0.0)
+    assert not home.settled("t1") and not home.forget("t1")  # offered: in flight
+    home.on_offer_reply(h.Offer("t1", 1, SPEC), h.Reply("t1", 1, True), 0.1)
+    assert not home.settled("t1")  # held by A
+    reply, _ = home.on_report("A", h.Report("t1", 1, "succeeded", exit_code=0))
+    assert reply.ok and home.entries["t1"].phase is h.HomePhase.DONE
+    assert home.settled("t1") and home.forget("t1") and "t1" not in home.entries
+    # a revoke still owed to a former holder pins the entry
+    home.offer(SPEC, "A", 2.0)
+    home.on_offer_reply(h.Offer("t1", 1, SPEC), h.Reply("t1", 1, True), 2.1)
+    home.on_node_dead("A", 3.0)
+    home.on_report("A", h.Report("t1", 1, "succeeded", exit_code=0))
+    assert home.entries["t1"].revokes == {"A": 1}
+    assert not home.settled("t1") and not home.forget("t1")
