@@ -10,9 +10,18 @@ gossip) are collected and handed out by `poll_events`.
 What happens, in memberlist's words (docs/protocol.md, "Membership", has the whole
 picture and the figures):
 
-* Probe: every probe interval ping the next member of a shuffled round-robin list;
-  no ack within the probe timeout -> ask `indirect_checks` random members to ping it
-  (ping-req); still nothing by the end of the interval -> suspect it.
+* Probe: every probe interval ping one member; no ack within the probe timeout ->
+  ask `indirect_checks` random members to ping it (ping-req); still nothing by the
+  end of the interval -> suspect it. Which member:
+  memberlist walks its own shuffled round-robin list (`probe_order="shuffled"`), so a
+  dead node waits for the first of n - 1 independent walks to reach it (about one
+  interval on average, 4.6 at the 99th percentile). Beyond memberlist, the default
+  `"rotating"` order has every member probed exactly once per round: all members sort
+  the view the same way (by a hash of the node id), and in wall-clock round r the
+  member at position p probes position p + 1 + (r mod (n - 1)), a permutation of the
+  members that changes every round (so a suspicion still gets independent
+  confirmations, one per round). Same probes, same bandwidth; the wait for the first
+  probe is at most about two intervals.
 * Suspicion: gossiped; the suspected node refutes by gossiping an alive message with
   a higher incarnation; otherwise after the (Lifeguard: dynamic) suspicion timeout it
   is declared dead. A graceful leave is gossiped as "left", not "dead".
@@ -28,6 +37,8 @@ from __future__ import annotations
 
 import bisect
 import enum
+import functools
+import hashlib
 import heapq
 import math
 import random
@@ -67,6 +78,13 @@ DEAD = m.MemberState.DEAD
 LEFT = m.MemberState.LEFT
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def ring_key(node: NodeId) -> int:
+    """A member's place in the rotating probe order: the same on every member (not
+    Python's salted hash) and unrelated to how node ids are made."""
+    return int.from_bytes(hashlib.blake2b(node.encode(), digest_size=8).digest(), "big")
+
+
 def _live(state: m.MemberState) -> bool:
     # Identity tests: Enum.__hash__ runs in Python and set lookups showed up in profiles.
     return state is ALIVE or state is SUSPECT
@@ -94,7 +112,9 @@ class MembershipConfig:
     `tcp_fallback_ping` is memberlist's TCP ping sent along with the indirect probes
     (a reliable Outgoing); it keeps UDP-only loss from turning into suspicions.
 
-    Beyond memberlist: `lifeguard` switches all Lifeguard parts off together (for
+    Beyond memberlist: `probe_order` "rotating" (default: a shared order, every
+    member probed once per round) or "shuffled" (memberlist's per-node shuffled
+    round-robin, for comparison); `lifeguard` switches all Lifeguard parts off together (for
     comparison; then: no local health, no nacks, fixed suspicion timeout, no buddy
     pings, no late-timer guard); the `load_*` knobs; `reconnect_interval` (push-pull
     to a random dead member, which heals partitions); `tombstone_ttl` (how long dead
@@ -124,6 +144,9 @@ class MembershipConfig:
     load_retransmit_mult: int = attrs.field(default=1, validator=_positive)
     load_packet_share: float = attrs.field(default=0.5, validator=_positive)
     load_events: bool = True
+    probe_order: str = attrs.field(
+        default="rotating", validator=attrs.validators.in_(("rotating", "shuffled"))
+    )
     max_reliable_size: int = attrs.field(default=wire.MAX_FRAME - 4096, validator=_positive)
 
     @classmethod
@@ -261,6 +284,7 @@ class _Probe:
     acked: bool = False
     expected_nacks: int = 0
     nacks: int = 0
+    ended: bool = False  # failed; only waiting for late nacks (NACK_GRACE)
 
 
 @attrs.define
@@ -279,8 +303,12 @@ class Membership:
     `me.cluster` is the cluster name carried in every packet; `me.incarnation` is the
     starting incarnation (an agent should start from the wall clock in seconds, so a
     restart beats its own tombstone at once; a restart from 0 still works, through
-    refutation). `codec` may be shared between instances (the simulator does, with a
-    cache). `receive` never raises; bad packets are dropped and counted in `stats`.
+    refutation). `wall_offset` turns `now` into wall-clock seconds (`now +
+    wall_offset`): the rotating probe order numbers its rounds by the wall clock, which
+    NTP keeps common to all members (a skew only makes a few probes collide near the
+    round boundaries; it cannot stop probing). `codec` may be shared between
+    instances (the simulator does, with a cache). `receive` never raises; bad packets
+    are dropped and counted in `stats`.
     """
 
     def __init__(
@@ -291,6 +319,7 @@ class Membership:
         now: float,
         *,
         codec: Codec | None = None,
+        wall_offset: float = 0.0,
     ) -> None:
         if not me.node:
             raise ValueError("me.node must not be empty")
@@ -305,8 +334,17 @@ class Membership:
         self._members: dict[NodeId, m.Member] = {me.node: attrs.evolve(me, state=ALIVE)}
         self._dead_since: dict[NodeId, float] = {}
         self._suspicions: dict[NodeId, Suspicion] = {}
+        # Every member but us, dead ones included until their tombstones go (random
+        # picks: helpers, gossip targets). "shuffled": memberlist's probe order, walked
+        # with _ring_pos. "rotating": _ring_pos counts probes between tombstone purges,
+        # and _order, the live members sorted by ring_key, is the probe order (dead
+        # members must not hold places in it: each would leave a target unprobed).
         self._ring: list[NodeId] = []
         self._ring_pos = 0
+        self._rotating = config.probe_order == "rotating"
+        self._order: list[NodeId] = []
+        self._my_key = ring_key(me.node)
+        self._wall_offset = wall_offset
         self._n_live = 1
         self._queue = g.BroadcastQueue()
         self._timers = _Timers()
@@ -335,6 +373,7 @@ class Membership:
             raise ValueError("max_packet_size too small for the cluster name and overhead")
         self._caps = {g.LOAD_TIER: int(self._budget * min(1.0, config.load_packet_share))}
         self._late = config.probe_timeout / 2
+        self._nack_grace = config.probe_timeout / 2
         lg = config.lifeguard
         self._lifeguard = lg
         # Stagger the periodic work so that nodes started together do not beat in step.
@@ -600,11 +639,15 @@ class Membership:
             self._members.update(fresh)
             self._ring = list(fresh)
             self._n_live += len(fresh)
-            # The probe order must be a fresh shuffle per node: with one shared order
-            # and random start offsets, the members just after the wrap point lose
-            # their probers for most of the first pass (a dead one there went
-            # unnoticed for 14 s at 1,000 nodes).
-            self._rng.shuffle(self._ring)
+            # The shuffled order must be a fresh shuffle per node: with one shared
+            # order walked from random start offsets, the members just after the wrap
+            # point lose their probers for most of the first pass (a dead one there
+            # went unnoticed for 14 s at 1,000 nodes). The rotating order shares one
+            # order but not positions in it: round numbers come from the clock.
+            if self._rotating:
+                self._order = sorted(fresh, key=ring_key)
+            else:
+                self._rng.shuffle(self._ring)
             self._ring_pos = 0
         else:
             rest = [r for r in records if r.node != me]
@@ -639,6 +682,8 @@ class Membership:
                 self._probe_end(arg, now, out)
             elif tag == "relay":
                 self._relay_timeout(arg, out)
+            elif tag == "nack_grace":
+                self._nack_grace_end(arg)
             elif tag == "suspect":
                 self._suspicion_expired(arg, now)
 
@@ -700,6 +745,8 @@ class Membership:
         return self._awareness.scale(t) if self._lifeguard else t
 
     def _next_probe_target(self, now: float) -> m.Member | None:
+        if self._rotating:
+            return self._rotating_target(now)
         for _ in range(len(self._ring) + 1):
             if self._ring_pos >= len(self._ring):
                 self._reset_ring(now)
@@ -712,16 +759,52 @@ class Membership:
                 return rec
         return None
 
-    def _reset_ring(self, now: float) -> None:
-        """End of a probe round: forget old tombstones, reshuffle (memberlist's resetNodes)."""
+    def _rotating_target(self, now: float) -> m.Member | None:
+        """The member this node probes in the current round of the rotating order.
+
+        All members sort the others the same way, so in round r the member at global
+        position p probes position p + 1 + (r mod (n - 1)) (mod n): for each r that
+        maps the members one to one onto each other, and nobody onto itself. Only live
+        members hold places, so a dead one leaves nobody unprobed."""
+        if self._ring_pos >= len(self._ring):
+            self._purge_tombstones(now)
+        self._ring_pos += 1
+        order = self._order
+        n = len(order)
+        if n == 0:
+            return None
+        r = int((now + self._wall_offset) // self.config.probe_interval)
+        me = bisect.bisect_left(order, self._my_key, key=ring_key)
+        rec = self._members.get(order[(me + r) % n])
+        return rec if rec is not None and _live(rec.state) else None
+
+    def _reorder(self, node: NodeId, live: bool) -> None:
+        if node == self._me:  # we hold no place in our own order
+            return
+        order = self._order
+        i = bisect.bisect_left(order, ring_key(node), key=ring_key)
+        present = i < len(order) and order[i] == node
+        if live and not present:
+            order.insert(i, node)
+        elif not live and present:
+            del order[i]
+
+    def _purge_tombstones(self, now: float) -> None:
         ttl = self.config.tombstone_ttl
+        gone = False
         for node, since in list(self._dead_since.items()):
             if now - since > ttl:
                 del self._dead_since[node]
                 del self._members[node]
-        self._ring = [n for n in self._ring if n in self._members]
-        self._rng.shuffle(self._ring)
+                gone = True
+        if gone:
+            self._ring = [n for n in self._ring if n in self._members]
         self._ring_pos = 0
+
+    def _reset_ring(self, now: float) -> None:
+        """End of a probe round: forget old tombstones, reshuffle (memberlist's resetNodes)."""
+        self._purge_tombstones(now)
+        self._rng.shuffle(self._ring)
 
     def _start_probe(self, now: float, out: list[Outgoing]) -> None:
         if self._leaving:
@@ -747,7 +830,10 @@ class Membership:
 
     def _on_ack(self, seq: int, out: list[Outgoing], now: float) -> None:
         w = self._waiters.pop(seq, None)
-        if isinstance(w, _Probe):
+        if isinstance(w, _Probe) and w.ended:  # too late: the probe has failed
+            self._waiters[seq] = w
+            self.stats["drop.stale_ack"] += 1
+        elif isinstance(w, _Probe):
             w.acked = True
             rtt = max(0.0, now - w.start)
             self.probe_rtt[bisect.bisect_left(PROBE_RTT_BUCKETS, rtt)] += 1
@@ -795,16 +881,26 @@ class Membership:
             if self._lifeguard:
                 # Missed nacks mean *we* may be the problem (Lifeguard); without
                 # helpers a failed probe counts against us by itself.
-                if probe.expected_nacks > 0:
-                    self._awareness.apply(
-                        probe.expected_nacks - min(probe.nacks, probe.expected_nacks)
-                    )
-                else:
+                if probe.expected_nacks > probe.nacks:
+                    # A helper nacks one probe timeout after our request reached it,
+                    # which with the default timings is just after this moment: wait
+                    # a little for nacks still on the wire before counting them as
+                    # missed (memberlist counts at once, so a healthy node that
+                    # probes a dead one usually takes +3 and slows its probing 4x).
+                    probe.ended = True
+                    self._waiters[seq] = probe
+                    self._timers.set(("nack_grace", seq), now + self._nack_grace)
+                elif probe.expected_nacks == 0:
                     self._awareness.apply(1)
             cur = self._members.get(probe.node)
             if cur is not None and _live(cur.state) and cur.incarnation == probe.incarnation:
                 self._apply(attrs.evolve(cur, state=SUSPECT), self._me, now, gossip=True)
         self._start_probe(now, out)
+
+    def _nack_grace_end(self, seq: int) -> None:
+        probe = self._waiters.pop(seq, None)
+        if isinstance(probe, _Probe):
+            self._awareness.apply(probe.expected_nacks - min(probe.nacks, probe.expected_nacks))
 
     def _relay_timeout(self, seq: int, out: list[Outgoing]) -> None:
         w = self._waiters.pop(seq, None)
@@ -934,15 +1030,17 @@ class Membership:
         node = rec.node
         self._members[node] = rec
         if cur is None:
-            # Insert at a random place in the probe order (memberlist does the same).
             ring = self._ring
             ring.append(node)
-            j = self._rng.randrange(len(ring))
-            ring[-1], ring[j] = ring[j], ring[-1]
+            if not self._rotating:  # at a random place in the probe order, as memberlist
+                j = self._rng.randrange(len(ring))
+                ring[-1], ring[j] = ring[j], ring[-1]
         was_live = cur is not None and _live(cur.state)
         is_live = _live(rec.state)
         if was_live != is_live:
             self._n_live += 1 if is_live else -1
+            if self._rotating:
+                self._reorder(node, is_live)
         if is_live:
             self._dead_since.pop(node, None)
         elif cur is None or _live(cur.state) or cur.state is not rec.state:

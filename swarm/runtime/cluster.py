@@ -133,7 +133,11 @@ class ClusterNode:
                 cluster=self.cluster,
                 incarnation=int(time.time()),
             )
-            self.membership = Membership(self.config(), me, self.rng, trio.current_time())
+            now = trio.current_time()
+            # rotating probe order: rounds are numbered by the wall clock (NTP-shared)
+            self.membership = Membership(
+                self.config(), me, self.rng, now, wall_offset=time.time() - now
+            )
             self.log.info("cluster.listening", addr=f"{host}:{port}", encrypted=sealer is not None)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._tick_loop)

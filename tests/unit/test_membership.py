@@ -19,6 +19,7 @@ from swarm.cluster.membership import (
     Membership,
     MembershipConfig,
     Outgoing,
+    ring_key,
 )
 from swarm.cluster.messages import (
     Ack,
@@ -111,20 +112,84 @@ def test_direct_probe_and_ack() -> None:
     assert a.local_health == 0
 
 
+def _probe_rounds(cfg: MembershipConfig, n: int, rounds: int) -> list[dict[str, str]]:
+    """Who probes whom in each of `rounds` rounds, all members answering."""
+    nodes = {f"n{i}": node(i, [j for j in range(1, n + 1) if j != i], cfg) for i in range(1, n + 1)}
+    per_round: list[dict[str, str]] = [{} for _ in range(rounds)]
+    for name, ms in nodes.items():
+        for _ in range(rounds):
+            t, _, ping = first_probe(ms)
+            ms.receive(addr(int(ping.target[1:])), packet(Ack(ping.seq)), t)
+            r = int(t // cfg.probe_interval)
+            assert ping.target not in (name, "") and name not in per_round[r]
+            per_round[r][name] = ping.target
+    return per_round
+
+
+def test_rotating_order_probes_every_member_once_per_round() -> None:
+    n = 12
+    rounds = _probe_rounds(CFG, n, 2 * n)
+    for probes in rounds:
+        assert len(probes) == n
+        assert sorted(probes.values()) == sorted(probes)  # a permutation, no one left out
+    # and a different one each round: over n - 1 rounds everyone probes everyone
+    for name in rounds[0]:
+        assert len({probes[name] for probes in rounds[: n - 1]}) == n - 1
+
+
+def test_rotating_order_skips_dead_members_without_leaving_anyone_unprobed() -> None:
+    n = 8
+    nodes = {i: node(i, [j for j in range(1, n + 1) if j != i]) for i in range(1, n + 1)}
+    for i, ms in nodes.items():  # everybody has seen n8 die
+        if i != 8:
+            ms.receive(addr(7), packet(MemberUpdate(member(8, S.DEAD), "n7")), 0.0)
+    for r in range(n):
+        targets = []
+        for i in range(1, n):
+            ms = nodes[i]
+            t, _, ping = first_probe(ms)
+            ms.receive(addr(int(ping.target[1:])), packet(Ack(ping.seq)), t)
+            assert int(t // CFG.probe_interval) == r
+            targets.append(ping.target)
+        assert sorted(targets) == [f"n{i}" for i in range(1, n)]
+
+
+def test_shuffled_order_is_memberlists_independent_walks() -> None:
+    n = 12
+    rounds = _probe_rounds(
+        MembershipConfig.local(indirect_checks=1, probe_order="shuffled"), n, n - 1
+    )
+    # each member still walks everyone once per n - 1 rounds...
+    for name in rounds[0]:
+        assert len({probes[name] for probes in rounds}) == n - 1
+    # ...but independently: in some round somebody is probed twice and somebody not at all
+    assert any(len(set(probes.values())) < n for probes in rounds)
+
+
+def test_probe_order_must_be_known() -> None:
+    with pytest.raises(ValueError, match="probe_order"):
+        MembershipConfig.local(probe_order="sorted")
+
+
 def test_ping_for_another_node_is_not_answered() -> None:
     b = node(2, [1])
     assert b.receive(addr(1), packet(Ping(7, "somebody-else")), 1.0) == []
     assert b.stats["drop.not_for_us"] == 1
 
 
-def test_missed_ack_goes_indirect_then_suspects_and_nack_keeps_health() -> None:
+def _probing_n2() -> tuple[Membership, Membership, float]:
+    """n1 (with helper n3) at the start of its first probe of n2; n3 answers n1."""
     a = node(1, [2, 3])
     c = node(3, [1, 2])
     while True:
         t, _, ping = first_probe(a)
         if ping.target == "n2":
-            break
+            return a, c, t
         a.receive(addr(3), packet(Ack(ping.seq)), t)  # n3 is fine
+
+
+def test_missed_ack_goes_indirect_then_suspects_and_nack_keeps_health() -> None:
+    a, c, t = _probing_n2()
     # n2 is silent: at the probe timeout a ping-req goes to n3, asking for a nack
     reqs = of_type(run_to(a, t + CFG.probe_timeout), IndirectPing)
     assert len(reqs) == 1
@@ -153,11 +218,37 @@ def test_missed_nack_raises_local_health_and_stretches_probing() -> None:
     # the probe round ends at t + interval; the next probe starts then
     t2, _, _ = first_probe(a)
     assert t2 == pytest.approx(t + CFG.probe_interval)
+    # a nack may still be on the wire: it counts as missed after a grace period
+    assert a.local_health == 0
+    run_to(a, t2 + CFG.probe_timeout / 2 + 1e-6)
     assert a.local_health == 1  # one expected nack missed
-    # the next round is scaled by (health + 1)
-    run_to(a, t2 + 2 * CFG.probe_interval - 1e-6)
+    # the round that had started is not stretched; the next one, by (health + 1)
+    run_to(a, t2 + CFG.probe_interval - 1e-6)
     t3, _, _ = first_probe(a)
-    assert t3 == pytest.approx(t2 + 2 * CFG.probe_interval)
+    assert t3 == pytest.approx(t2 + CFG.probe_interval)
+    # the second probe had no helper to ask (the other peer is suspect by then):
+    # that failure counts against us at once, so health is 2 when the third starts
+    assert a.local_health == 2
+    run_to(a, t3 + 3 * CFG.probe_interval - 1e-6)
+    t4, _, _ = first_probe(a)
+    assert t4 == pytest.approx(t3 + 3 * CFG.probe_interval)
+
+
+def test_a_nack_just_after_the_round_still_vouches_for_us() -> None:
+    """With the default timings a helper's nack comes back a little after the round
+    ends (its timer starts when our request reaches it): it still counts."""
+    a, c, t = _probing_n2()
+    reqs = of_type(run_to(a, t + CFG.probe_timeout), IndirectPing)
+    req_out, _ = reqs[0]
+    at_helper = t + CFG.probe_timeout + 0.002
+    c.receive(addr(1), req_out.payload, at_helper)
+    nacks = of_type(run_to(c, at_helper + CFG.probe_timeout), Nack)
+    assert nacks
+    run_to(a, t + CFG.probe_interval + 1e-6)  # the round ends: n2 is suspected
+    assert a.member("n2").state is S.SUSPECT  # type: ignore[union-attr]
+    a.receive(addr(3), nacks[0][0].payload, at_helper + CFG.probe_timeout + 0.002)
+    run_to(a, t + CFG.probe_interval + CFG.probe_timeout)
+    assert a.local_health == 0
 
 
 def test_successful_probes_bring_health_back_down() -> None:
@@ -533,6 +624,9 @@ def test_membership_view_is_independent_of_arrival_order(
             else:
                 ms.receive(addr(7), packet(MemberUpdate(rec, "n7")), 1.0)
         assert ms.stats["error.internal"] == 0, ms.last_error
+        # the rotating probe order holds exactly the live members but us, in key order
+        live = [x.node for x in ms.members() if x.node != "n1" and x.state in (S.ALIVE, S.SUSPECT)]
+        assert ms._order == sorted(live, key=ring_key)
         return _view(ms)
 
     first = apply(items)
