@@ -72,6 +72,7 @@ def memberlist_formulas(cfg: MembershipConfig, n: int) -> dict[str, float]:
     probe_bps = 2 * cfg.max_packet_size / cfg.probe_interval  # ping + ack, both full
     t, others = cfg.probe_interval, max(1, n - 1)
     first_probe_median = others * t * (1.0 - 2.0 ** (-1.0 / others))
+    first_probe_p99 = others * t * (1.0 - 0.01 ** (1.0 / others))
     first_probe_mean = others * t / (others + 1)
     return {
         "suspicion_min_s": lo,
@@ -79,6 +80,7 @@ def memberlist_formulas(cfg: MembershipConfig, n: int) -> dict[str, float]:
         "first_probe_median_s": first_probe_median,
         "expected_detection_median_s": first_probe_median + t + lo,
         "expected_detection_mean_s": first_probe_mean + t + lo,
+        "expected_detection_p99_s": first_probe_p99 + t + lo,
         "interval_plus_suspicion_s": t + lo,
         "gossip_bytes_per_s": gossip_bps,
         "bytes_per_s_bound": gossip_bps + probe_bps,
@@ -167,6 +169,8 @@ def scenario_membership(
     # memberlist's expected detection for each kill, at the member count of that moment
     # (each kill shrinks the cluster, and the suspicion timeout follows log10(n))
     model_at_kill: list[float] = []
+    model_p99_at_kill: list[float] = []
+    model_mean_at_kill: list[float] = []
     bound = 3 * cfg.probe_interval + memberlist_formulas(cfg, n)["suspicion_max_s"] + 10.0
     for _ in range(plan["kills"]):
         net.run_for(net.rng.uniform(0.0, cfg.probe_interval * 3))
@@ -178,7 +182,10 @@ def scenario_membership(
         net.kill(victim.id)
         watchers = {nd.id for nd in net.live_nodes()}
         members = len(watchers) + 1  # the victim counts until it is declared dead
-        model_at_kill.append(memberlist_formulas(cfg, members)["expected_detection_median_s"])
+        model = memberlist_formulas(cfg, members)
+        model_at_kill.append(model["expected_detection_median_s"])
+        model_mean_at_kill.append(model["expected_detection_mean_s"])
+        model_p99_at_kill.append(model["expected_detection_p99_s"])
 
         def all_dead(v: str = victim.id, w: set[str] = watchers) -> bool:
             return len(dead_at.get(v, {}).keys() & w) >= len(w)
@@ -196,7 +203,12 @@ def scenario_membership(
         },
         "kill": {
             "victims": plan["kills"],
+            "probe_order": cfg.probe_order,
             "memberlist_median_at_kills_s": statistics.median(model_at_kill),
+            "memberlist_mean_at_kills_s": statistics.fmean(model_mean_at_kill),
+            # the p99 of F + T + min at the mean kill's n (min moves < 0.2 s between
+            # kills; F's tail, 4.6 T, is what matters)
+            "memberlist_p99_at_kills_s": statistics.fmean(model_p99_at_kill),
             "members_first_last_kill": [n + 1, n + 2 - plan["kills"]],
             "per_member_median_s": statistics.median(per_member) if per_member else math.nan,
             "per_member_mean_s": statistics.fmean(per_member) if per_member else math.nan,
@@ -301,6 +313,10 @@ def run_size(n: int, seed: int, quick: bool, with_load: bool) -> dict[str, Any]:
     res: dict[str, Any] = {"n": n, "plan": plan, "memberlist": memberlist_formulas(cfg, n)}
     res["config_probe_interval"] = cfg.probe_interval
     res["membership"] = scenario_membership(n, cfg, seed, plan)
+    if n <= 1000 or quick:
+        # the same kills with memberlist's own probe order: the A/B of the rotating order
+        ml = attrs.evolve(cfg, probe_order="shuffled")
+        res["membership_shuffled"] = scenario_membership(n, ml, seed, plan)["kill"]
     res["loss"] = [
         scenario_loss(n, cfg, seed + i + 1, p, secs)
         for i, (p, secs) in enumerate(zip((0.05, 0.20), plan["loss_s"], strict=True))
@@ -352,12 +368,28 @@ def print_table(results: list[dict[str, Any]]) -> None:
             lambda r: fmt(at(r, "membership.kill.per_member_mean_s"), 2),
         ),
         (
+            "memberlist's order: median / p99 s",
+            both("membership_shuffled.per_member_median_s", "membership_shuffled.per_member_p99_s"),
+        ),
+        (
+            "memberlist's order: mean s",
+            lambda r: fmt(at(r, "membership_shuffled.per_member_mean_s"), 2),
+        ),
+        (
             "memberlist: detection median / mean s",
             both("memberlist.expected_detection_median_s", "memberlist.expected_detection_mean_s"),
         ),
         (
             "memberlist: median at the kills' n s",
             lambda r: fmt(at(r, "membership.kill.memberlist_median_at_kills_s"), 2),
+        ),
+        (
+            "memberlist: mean / p99 at the kills' n s",
+            both(
+                "membership.kill.memberlist_mean_at_kills_s",
+                "membership.kill.memberlist_p99_at_kills_s",
+                2,
+            ),
         ),
         (
             "memberlist: T + suspicion min s",
@@ -422,7 +454,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
 def detection_verdict(r: dict[str, Any]) -> tuple[str, float, float, float]:
     """(verdict, measured median, memberlist's median, standard error of the measured
     median). The error comes from the wait for the first probe, ~exponential with
-    mean T: its sample median over k victims has a standard error of ~T / sqrt(k)."""
+    mean T for memberlist's order: its sample median over k victims has a standard
+    error of ~T / sqrt(k) (the rotating order's wait is at most ~2 T, so less)."""
     measured = float(at(r, "membership.kill.per_member_median_s"))
     model = float(at(r, "membership.kill.memberlist_median_at_kills_s"))
     victims = int(at(r, "membership.kill.victims"))
@@ -434,6 +467,28 @@ def detection_verdict(r: dict[str, Any]) -> tuple[str, float, float, float]:
     else:
         verdict = "NOT met"
     return verdict, measured, model, se
+
+
+def tail_verdicts(r: dict[str, Any]) -> str:
+    """Mean and p99 against memberlist's expected figures at the kills' n."""
+    parts = []
+    for what in ("mean", "p99"):
+        measured = float(at(r, f"membership.kill.per_member_{what}_s"))
+        model = float(at(r, f"membership.kill.memberlist_{what}_at_kills_s"))
+        if math.isnan(measured) or math.isnan(model):
+            continue
+        ok = "met" if measured <= model else "NOT met"
+        parts.append(f"{what} {measured:.2f} s vs {model:.2f} s: {ok}")
+    ab = at(r, "membership_shuffled.per_member_median_s")
+    if not math.isnan(ab):
+        parts.append(
+            "memberlist's order in the same simulation: median {} / mean {} / p99 {} s".format(
+                fmt(ab, 2),
+                fmt(at(r, "membership_shuffled.per_member_mean_s"), 2),
+                fmt(at(r, "membership_shuffled.per_member_p99_s"), 2),
+            )
+        )
+    return "; ".join(parts)
 
 
 def print_targets(results: list[dict[str, Any]]) -> None:
@@ -449,6 +504,7 @@ def print_targets(results: list[dict[str, Any]]) -> None:
             f"{'met' if bps <= bound else 'NOT met'}; false dead at 5% loss {fp5}: "
             f"{'met' if fp5 == 0 else 'NOT met'}"
         )
+        print(f"  {tail_verdicts(r)}")
 
 
 def main(argv: list[str] | None = None) -> int:
