@@ -357,3 +357,26 @@ def test_plan_refuses_a_user_unknown_here(tmp_path: Path) -> None:
     t = m.new_task(_spec(user="mallory"), 0.0, "n2")
     with pytest.raises(PlanRefused, match="mallory does not exist on node n2"):
         ti.plan(t, _plan(tmp_path))
+
+
+def test_slow_moves_hint_names_the_remedy_unless_the_kernel_moves_fast() -> None:
+    v1 = "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n"
+    v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n"
+    hint = iso.slow_moves_hint("cgroup1", v1, "root=/dev/vda1 ro", "0\n")
+    assert hint is not None and "cgroup_favordynmods=true" in hint
+    hint2 = iso.slow_moves_hint("cgroup2", v2, "", "0")
+    assert hint2 is not None and "favordynmods" in hint2 and "rcu_expedited" in hint2
+    # no cgroups, no moves
+    assert iso.slow_moves_hint("none", v1, "", "0") is None
+    # each remedy makes moves fast
+    assert iso.slow_moves_hint("cgroup1", v1, "", "1\n") is None
+    assert iso.slow_moves_hint("cgroup1", v1, "quiet cgroup_favordynmods=true", "0") is None
+    assert (
+        iso.slow_moves_hint("cgroup2", v2.replace("relatime", "relatime,favordynmods"), "", "0")
+        is None
+    )
+    # a favordynmods v2 mount does not help a v1 hierarchy, nor "=false"
+    assert (
+        iso.slow_moves_hint("cgroup1", v2.replace("relatime", "favordynmods"), "", "0") is not None
+    )
+    assert iso.slow_moves_hint("cgroup1", v1, "cgroup_favordynmods=false", "0") is not None
