@@ -344,7 +344,7 @@ class Membership:
         self._rotating = config.probe_order == "rotating"
         self._order: list[NodeId] = []
         self._my_key = ring_key(me.node)
-        self._wall_offset = wall_offset
+        self.wall_offset = wall_offset  # the adapter may follow wall-clock steps
         self._n_live = 1
         self._queue = g.BroadcastQueue()
         self._timers = _Timers()
@@ -773,7 +773,7 @@ class Membership:
         n = len(order)
         if n == 0:
             return None
-        r = int((now + self._wall_offset) // self.config.probe_interval)
+        r = int((now + self.wall_offset) // self.config.probe_interval)
         me = bisect.bisect_left(order, self._my_key, key=ring_key)
         rec = self._members.get(order[(me + r) % n])
         return rec if rec is not None and _live(rec.state) else None

@@ -203,6 +203,8 @@ class ClusterNode:
         assert ms is not None
         while True:
             now = trio.current_time()
+            # follow wall-clock steps (NTP) so probe rounds stay aligned with peers'
+            ms.wall_offset = time.time() - now
             self._dispatch(ms.tick(now))
             self._drain_events()
             delay = max(0.005, min(0.5, ms.next_deadline() - trio.current_time()))
