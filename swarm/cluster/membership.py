@@ -114,11 +114,12 @@ class MembershipConfig:
 
     Beyond memberlist: `probe_order` "rotating" (default: a shared order, every
     member probed once per round) or "shuffled" (memberlist's per-node shuffled
-    round-robin, for comparison); `lifeguard` switches all Lifeguard parts off together (for
-    comparison; then: no local health, no nacks, fixed suspicion timeout, no buddy
-    pings, no late-timer guard); the `load_*` knobs; `reconnect_interval` (push-pull
-    to a random dead member, which heals partitions); `tombstone_ttl` (how long dead
-    and left members are remembered, so stale gossip cannot resurrect them).
+    round-robin, for comparison); `lifeguard` switches all Lifeguard parts off
+    together (for comparison; then: no local health, no nacks, fixed suspicion
+    timeout, no buddy pings, no late-timer guard); the `load_*` knobs;
+    `reconnect_interval` (push-pull to a random dead member, which heals partitions);
+    `tombstone_ttl` (how long dead and left members are remembered, so stale gossip
+    cannot resurrect them).
     """
 
     probe_interval: float = attrs.field(default=1.0, validator=_positive)
@@ -284,7 +285,7 @@ class _Probe:
     acked: bool = False
     expected_nacks: int = 0
     nacks: int = 0
-    ended: bool = False  # failed; only waiting for late nacks (NACK_GRACE)
+    ended: bool = False  # failed; only waiting for late nacks (the nack grace)
 
 
 @attrs.define
