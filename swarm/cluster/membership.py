@@ -830,11 +830,12 @@ class Membership:
         self._timers.set(("probe_end", seq), now + self._scaled(cfg.probe_interval))
 
     def _on_ack(self, seq: int, out: list[Outgoing], now: float) -> None:
-        w = self._waiters.pop(seq, None)
+        w = self._waiters.get(seq)
         if isinstance(w, _Probe) and w.ended:  # too late: the probe has failed
-            self._waiters[seq] = w
-            self.stats["drop.stale_ack"] += 1
-        elif isinstance(w, _Probe):
+            self.stats["drop.stale_ack"] += 1  # (kept: its nacks may still come)
+            return
+        w = self._waiters.pop(seq, None)
+        if isinstance(w, _Probe):
             w.acked = True
             rtt = max(0.0, now - w.start)
             self.probe_rtt[bisect.bisect_left(PROBE_RTT_BUCKETS, rtt)] += 1

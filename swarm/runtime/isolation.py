@@ -620,14 +620,9 @@ def slow_moves_hint(kind: str, mounts: str, cmdline: str, rcu_expedited: str) ->
         return None
     if rcu_expedited.strip() == "1":
         return None
-    for word in cmdline.split():
-        if word.startswith("cgroup_favordynmods=") and word.split("=", 1)[1] in (
-            "1",
-            "y",
-            "Y",
-            "true",
-        ):
-            return None
+    on = ("cgroup_favordynmods=1", "cgroup_favordynmods=y", "cgroup_favordynmods=true")
+    if any(word.lower() in on for word in cmdline.split()):
+        return None
     fstype = "cgroup2" if kind == "cgroup2" else "cgroup"
     for line in mounts.splitlines():
         f = line.split()
