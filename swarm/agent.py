@@ -93,7 +93,7 @@ class Agent:
         self.executor = Executor(kill_grace=config.kill_grace, log=self.log)
         self.ledger = sh.ShareLedger(config.shares)
         try:
-            self.gpu_inventory = gpu_runtime.discover(config.gpus, config.node_id)
+            self.gpu_inventory = gpu_runtime.discover(config.gpus, config.node_id, nvml=config.nvml)
         except gpupol.GpuConfigError as e:
             raise ConfigError(f"gpus ({e.key})", str(e)) from None
         self.log.info(

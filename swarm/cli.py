@@ -541,12 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         flag = "--" + opt.name
         dest = "opt_" + opt.attr
+        text = opt.help.replace("%", "%%")  # argparse %-formats help strings
         if opt.kind == "bool":
             a.add_argument(
-                flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=opt.help
+                flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text
             )
         else:
-            a.add_argument(flag, dest=dest, default=None, metavar=opt.kind.upper(), help=opt.help)
+            a.add_argument(flag, dest=dest, default=None, metavar=opt.kind.upper(), help=text)
     a.set_defaults(opt_socket=None)
 
     s = add("submit", cmd_submit, "submit a command; prints the task id")

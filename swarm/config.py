@@ -123,6 +123,7 @@ class Config:
     bandwidth: float
     gpu_policy: str
     mps: bool
+    nvml: bool
     gpus: list[Any]
     placement: str
     transfer: bool

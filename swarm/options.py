@@ -131,6 +131,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("gpu-policy", "str", "binpack", "GPU slice placement", _one_of("binpack", "spread")),
     Option("mps", "bool", False, "an MPS control daemon runs: set MPS limits for tasks"),
+    Option("nvml", "bool", True, "find GPUs through NVML when none are declared"),
     Option(
         "gpus", "raw", [], "declared GPU devices (list of tables) for hosts without NVML", cli=False
     ),

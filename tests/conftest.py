@@ -19,6 +19,8 @@ TEST_AGENT_ARGS = [
     "local",
     "--kill-grace",
     "2",
+    # hermetic on a GPU machine too: only declared (fake) inventories
+    "--no-nvml",
 ]
 
 AgentFactory = Callable[..., LocalAgent]

@@ -76,10 +76,14 @@ def _nvml_infos() -> tuple[list[dict[str, Any]], list[list[int]], list[list[int]
         pynvml.nvmlShutdown()
 
 
-def discover(declared: Any, node: str) -> Inventory:
-    """The node's GPUs. Declared devices win (explicit configuration), then NVML."""
+def discover(declared: Any, node: str, *, nvml: bool = True) -> Inventory:
+    """The node's GPUs. Declared devices win (explicit configuration), then NVML unless
+    `nvml` is off (a host whose GPUs are not swarm's to hand out, or a test agent that
+    must not pick up the machine's real GPUs)."""
     if declared:
         return Inventory(devices_from_config(declared, node), "config")
+    if not nvml:
+        return Inventory((), "none", "NVML discovery is off (nvml = false)")
     try:
         infos, levels, nvlink = _nvml_infos()
     except ImportError:

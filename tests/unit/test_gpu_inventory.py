@@ -171,3 +171,14 @@ def test_nvml_errors(infos: Any, levels: Any, key: str) -> None:
     with pytest.raises(GpuConfigError) as info:
         devices_from_nvml(infos, levels)
     assert info.value.key == key
+
+
+def test_nvml_discovery_can_be_turned_off() -> None:
+    """`nvml = false`: no NVML probe at all (test agents on a GPU machine, or a host
+    whose GPUs are not swarm's); declared devices still win."""
+    from swarm.runtime.gpu import discover
+
+    inv = discover(None, "n1", nvml=False)
+    assert inv.devices == () and inv.source == "none" and "nvml = false" in inv.note
+    declared = [{"index": 0, "memory": "1GiB"}]
+    assert discover(declared, "n1", nvml=False).source == "config"
