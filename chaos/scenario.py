@@ -26,7 +26,7 @@ from .workload import Workload, read_marks
 
 TMPFS_MB = 24
 SUSPECT_EVENTS = ("member.suspect", "member.dead")
-DISK_ERRORS = ("journal.write_failed", "globals.journal_failed")
+DISK_ERRORS = ("journal.write_failed", "journal.sync_failed", "globals.journal_failed")
 
 
 @attrs.define

@@ -508,11 +508,27 @@ class Agent:
             if spec.is_global:
                 await self.coord.add_global(spec)
                 return {"id": spec.id, "global": True}
-            await self.table.add(m.new_task(spec, wall_now(), self.node))
+            # placed (and started, when it runs here) as soon as its record is written,
+            # during the journal's fsync; the answer waits for the fsync
+            await self.table.add(
+                m.new_task(spec, wall_now(), self.node),
+                on_written=lambda t: self.coord.place_soon(t.id),
+            )
         except JournalError as e:
+            await self._unaccept(spec.id, f"journal write failed: {e}")
             raise RequestError("journal", f"task not accepted: journal write failed: {e}") from None
-        self.coord.place_soon(spec.id)
         return {"id": spec.id}
+
+    async def _unaccept(self, tid: m.TaskId, why: str) -> None:
+        """A submission whose record was written but not synced (the fsync failed) may
+        be placed or running already: the submitter is told it was not accepted, so it
+        must not run. It ends cancelled, which the journal retries until it lands."""
+        t = self.table.get_cached(tid)
+        if t is None or t.state.terminal:
+            return
+        self.log.warning("submit.unaccepted", task=tid, reason=why)
+        with trio.move_on_after(30):
+            await self.cancel_task(t, f"not accepted: {why}")
 
     async def op_status(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self._task(f)

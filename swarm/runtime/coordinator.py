@@ -1143,11 +1143,11 @@ class Coordinator:
         for spec in delta.start:
             task = m.new_task(spec, wall_now(), self.node, cause="global task")
             try:
-                await self.table.add(task)
+                # queued to run once written (a failed fsync after that leaves it
+                # running: the global set, not this record, says it should run here)
+                await self.table.add(task, on_written=self._enqueue_local)
             except Exception as e:
                 self.log.error("globals.journal_failed", task=spec.id, error=str(e))
-                continue
-            self._enqueue_local(task)
         for tid in delta.stop:
             t = self.table.active.get(tid)
             if t is None:

@@ -273,7 +273,11 @@ class LocalRunner:
             return
         if r.cancelled and tid in self.cancel_requested:
             await self.table.change_durably(
-                tid, S.CANCELLED, "cancelled", exit_code=r.exit_code, signal=r.signal
+                tid,
+                S.CANCELLED,
+                self.cancel_requested[tid],  # who cancelled it, as for a queued task
+                exit_code=r.exit_code,
+                signal=r.signal,
             )
         elif r.cancelled and self.stopping:
             if task.spec.no_retry:

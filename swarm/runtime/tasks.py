@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
@@ -63,13 +63,32 @@ class TaskTable:
         for t in tasks:
             self._store(t)
 
-    async def add(self, task: m.Task, extra_ops: Iterable[Op] = ()) -> None:
-        """Journal a new task durably, then make it visible. Raises JournalError."""
-        await self.journal.commit([PutTask(task), *extra_ops])
-        self._store(task)
-        self.log.info(
-            "task.state", task=task.id, src="", dst=task.state.value, cause=task.history[-1].cause
-        )
+    async def add(
+        self,
+        task: m.Task,
+        extra_ops: Iterable[Op] = (),
+        on_written: Callable[[m.Task], None] | None = None,
+    ) -> None:
+        """Journal a new task durably. Raises JournalError.
+
+        The task is visible (and `on_written(task)` runs) once its record is written,
+        which a crash of the agent cannot undo, possibly before it is synced: see
+        Journal.commit. So when this raises, the task may be in the table already
+        (the write landed, the fsync failed): the caller undoes it."""
+
+        def written() -> None:
+            self._store(task)
+            self.log.info(
+                "task.state",
+                task=task.id,
+                src="",
+                dst=task.state.value,
+                cause=task.history[-1].cause,
+            )
+            if on_written is not None:
+                on_written(task)
+
+        await self.journal.commit([PutTask(task), *extra_ops], on_written=written)
 
     def change(self, task_id: m.TaskId, dst: m.TaskState, cause: str, **kw: Any) -> m.Task:
         """Apply a transition now; the journal write is queued and will land."""

@@ -113,14 +113,14 @@ def _hold_share_writes(agent: Agent) -> tuple[trio.Event, trio.Event]:
     in_flight, release = trio.Event(), trio.Event()
     real_commit = agent.journal.commit
 
-    async def slow_commit(ops: Iterable[Any], *, must_land: bool = False) -> None:
+    async def slow_commit(ops: Iterable[Any], **kw: Any) -> None:
         ops = list(ops)
         if not in_flight.is_set() and any(
             isinstance(o, JEvent) and o.kind == "shares" for o in ops
         ):
             in_flight.set()
             await release.wait()
-        await real_commit(ops, must_land=must_land)
+        await real_commit(ops, **kw)
 
     agent.journal.commit = slow_commit  # type: ignore[method-assign]
     return in_flight, release

@@ -1,0 +1,153 @@
+"""A task's record is written, the task may start, then the journal fsyncs and only
+then is the submitter answered (swarm/runtime/journal.py: "Written, then synced").
+These pin the order down, and what a failed fsync does: the commit fails, tasks that
+must land are written again, and a submission whose process already started is
+cancelled and refused, never left running unacknowledged."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from swarm import model as m
+from swarm.runtime import journal as jmod
+from swarm.runtime.api import RequestError
+from swarm.runtime.journal import Journal, JournalError, PutTask
+from tests.integration.test_chaos_regressions import CRED, _agent, _fields
+
+
+def _task(tid: str) -> m.Task:
+    return m.new_task(m.TaskSpec(id=tid, argv=("true",), home="n1", cwd="/"), 1.0, "n1")
+
+
+def _in_db(path: Path, tid: str) -> bool:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT 1 FROM tasks WHERE id=?", (tid,)).fetchone() is not None
+    finally:
+        conn.close()
+
+
+class _Syncs:
+    """os.fdatasync stand-in: records each call, fails while `fail` is set."""
+
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+        self.fail = False
+        self.real = os.fdatasync
+
+    def __call__(self, fd: int) -> None:
+        self.order.append("fsync")
+        if self.fail:
+            raise OSError(errno.EIO, "injected fsync failure")
+        self.real(fd)
+
+
+async def test_on_written_runs_before_the_fsync_and_commit_returns_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[str] = []
+    monkeypatch.setattr(jmod.os, "fdatasync", _Syncs(order))
+    j = Journal(tmp_path / "journal.db", node="n1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        seen: list[bool] = []
+
+        def written() -> None:
+            order.append("written")
+            # another connection (a restarted agent) already reads it back
+            seen.append(_in_db(j.path, "t1"))
+
+        order.clear()
+        await j.commit([PutTask(_task("t1"))], on_written=written)
+        order.append("returned")
+        assert order == ["written", "fsync", "returned"]
+        assert seen == [True] and j.started_before_sync == 1 and j.inline_commits == 1
+        nursery.cancel_scope.cancel()
+    j.close()
+
+
+async def test_under_load_the_write_and_fsync_go_to_a_thread_before_on_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[str] = []
+    monkeypatch.setattr(jmod.os, "fdatasync", _Syncs(order))
+    monkeypatch.setattr(jmod, "INLINE_OPS", 0)  # every batch counts as "under load"
+    j = Journal(tmp_path / "journal.db", node="n1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        order.clear()
+        await j.commit([PutTask(_task("t2"))], on_written=lambda: order.append("written"))
+        assert order == ["fsync", "written"] and j.inline_commits == 0
+        nursery.cancel_scope.cancel()
+    j.close()
+
+
+async def test_a_failed_fsync_fails_the_commit_and_must_land_ops_are_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[str] = []
+    syncs = _Syncs(order)
+    monkeypatch.setattr(jmod.os, "fdatasync", syncs)
+    j = Journal(tmp_path / "journal.db", node="n1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        syncs.fail = True
+        called: list[str] = []
+        with pytest.raises(JournalError, match="injected fsync failure"):
+            await j.commit([PutTask(_task("t3"))], on_written=lambda: called.append("t3"))
+        assert called == ["t3"]  # it was written: the caller must undo what it began
+        await j.commit([PutTask(_task("t4"))], must_land=True)  # queued for a retry
+        assert j.failures == 2
+        syncs.fail = False
+        order.clear()
+        with trio.fail_after(10):
+            while "fsync" not in order:  # the writer's retry pass, about every second
+                await trio.sleep(0.05)
+        assert _in_db(j.path, "t4") and not j._retry
+        nursery.cancel_scope.cancel()
+    j.close()
+
+
+async def test_a_submission_whose_fsync_fails_is_refused_and_does_not_run(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task started during the fsync (it would run here); the fsync fails; the
+    client is told the task was not accepted, so its process must be gone and the
+    task must end cancelled, not run on as an unacknowledged task."""
+    syncs = _Syncs([])
+    monkeypatch.setattr(jmod.os, "fdatasync", syncs)
+    agent = _agent(short_tmp)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(agent.run)
+        ok = await agent.op_submit(_fields({"argv": ["true"], "cwd": "/"}), CRED)
+        with trio.fail_after(30):
+            assert (await agent.table.wait_terminal(ok["id"])).state is m.TaskState.SUCCEEDED
+        marker = short_tmp / "ran-on"
+        script = f"sleep 0.3; touch {marker}"
+        pids: list[Any] = []
+        real_started = agent.coord.on_started
+
+        def on_started(task: m.Task) -> None:
+            pids.append(task.id)
+            real_started(task)
+
+        agent.runner.on_started = on_started
+        syncs.fail = True
+        with pytest.raises(RequestError) as e:
+            await agent.op_submit(_fields({"argv": ["sh", "-c", script], "cwd": "/"}), CRED)
+        syncs.fail = False
+        assert e.value.code == "journal" and "not accepted" in str(e.value)
+        assert len(pids) == 1, "the task did not start during the fsync"
+        with trio.fail_after(30):
+            t = await agent.table.wait_terminal(pids[0])
+        assert t.state is m.TaskState.CANCELLED and "not accepted" in t.history[-1].cause
+        await trio.sleep(0.6)
+        assert not marker.exists(), "the refused task's process ran on"
+        agent.request_stop()
