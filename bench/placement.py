@@ -3,8 +3,13 @@
 For each placement rule (swarm: two choices on stale gossip plus adaptive transfer;
 the baseline: uniform random placement, no transfer) and each entry mode (all tasks
 submitted at one node; spread over all nodes), submits N short tasks and measures:
-- tasks placed per second (first submit -> the last task has left its home's
-  placement stage: running locally or handed off), and submissions per second;
+- tasks placed per second: first submit -> the last task has left its home's
+  placement stage (its home's first decision that put it on a node, "runs here" or
+  "handed to X", read from `swarm explain`), and submissions per second;
+- tasks settled per second: first submit -> the last task reached the node that runs
+  it, counting later moves by adaptive transfer (pushes and steals of queued tasks
+  rebalance until the last queue drains, so this follows the completion rate once work
+  is queued faster than the cluster runs it);
 - submit-to-start latency p50/p99 (the task records' submitted_at -> started_at);
 - coefficient of variation of per-node work against the share-weighted ideal
   (work = tasks run on the node, divided by its ideal share of N);
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -99,13 +106,23 @@ def collect(agents: list[LocalAgent], ids: list[tuple[int, str]], spread: bool) 
     clients = [Client(a.socket, timeout=600) for a in entries]
     records = [clients[i].wait(tid, timeout=600) for i, tid in ids]
     done_at = time.time()
+    placed_at = [first_placement(clients[i].call("explain", id=tid)) for i, tid in ids]
     infos = []
     for a in agents:
         with a.client() as c:
             infos.append(c.info())
     for c in clients:
         c.close()
-    return {"records": records, "done_at": done_at, "infos": infos}
+    return {"records": records, "done_at": done_at, "infos": infos, "placed_at": placed_at}
+
+
+def first_placement(explained: dict[str, Any]) -> float | None:
+    """When the home first put the task on a node (wall clock), from its decisions."""
+    for d in explained.get("decisions", []):
+        outcome = str(d.get("outcome", ""))
+        if outcome.startswith(("runs here", "handed to")):
+            return float(d["at"])
+    return None
 
 
 def analyse(
@@ -131,14 +148,28 @@ def analyse(
     total_shares = sum(SHARES)
     rel = [count[nm] / (n * s / total_shares) for nm, s in zip(names, SHARES, strict=True)]
     cv = statistics.pstdev(rel) / statistics.mean(rel)
+    # a steal is carried out as a push by the node stolen from: pushes count both
     transfers = sum(i["coordinator"]["transfers_pushed"] for i in res["infos"])
-    placed_span = max(decided) - t0
+    placed = [p for p in res["placed_at"] if p is not None]
+    subs = [float(r["spec"]["submitted_at"]) for r in recs]
+    place_delay = sorted(
+        p - s for p, s in zip(res["placed_at"], subs, strict=True) if p is not None
+    )
+    settled_span = max(decided) - t0
     lat.sort()
     return {
         "tasks": n,
         "succeeded": ok,
         "submit_per_s": n / (submit_end - t0),
-        "placed_per_s": n / placed_span,
+        "placed_per_s": n / (max(placed) - t0) if len(placed) == n else 0.0,
+        "unplaced": n - len(placed),
+        "place_p50_ms": 1000 * place_delay[len(place_delay) // 2] if place_delay else None,
+        "place_p99_ms": (
+            1000 * place_delay[min(len(place_delay) - 1, int(0.99 * len(place_delay)))]
+            if place_delay
+            else None
+        ),
+        "settled_per_s": n / settled_span,
         "completed_per_s": n / (res["done_at"] - t0),
         "start_p50_ms": 1000 * lat[len(lat) // 2],
         "start_p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
@@ -180,7 +211,9 @@ def main() -> None:
                 results[key] = run(Path(tmp), rule, spread, args.tasks, args.slots, argv)
                 r = results[key]
                 print(
-                    f"  placed {r['placed_per_s']:.0f}/s  submitted {r['submit_per_s']:.0f}/s  "
+                    f"  placed {r['placed_per_s']:.0f}/s (p50 {r['place_p50_ms']:.0f} ms "
+                    f"p99 {r['place_p99_ms']:.0f} ms after submit)  "
+                    f"submitted {r['submit_per_s']:.0f}/s  settled {r['settled_per_s']:.0f}/s  "
                     f"done {r['completed_per_s']:.0f}/s  start p50 {r['start_p50_ms']:.0f} ms "
                     f"p99 {r['start_p99_ms']:.0f} ms  CV {r['cv_vs_ideal']:.3f}  "
                     f"transfers/task {r['transfers_per_task']:.3f}  "
@@ -195,6 +228,7 @@ def main() -> None:
             "placed_per_s": two["placed_per_s"],
         }
     results["summary"] = summary
+    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
     results["targets"] = {
         f"{mode}: balance >= 3x random": s["balance_gain_vs_random"] >= 3
         for mode, s in summary.items()

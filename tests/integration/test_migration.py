@@ -290,9 +290,11 @@ def test_source_dies_after_the_target_restored_it_exactly_one_copy_runs(
         p2 = join(make_agent, "p2", p3)
 
         def resumed_on_p2() -> bool:
+            # the source's part of the record (its "from") reaches the home on its own,
+            # apart from the target's: killed before it lands, it never does
             st = status(p3, tid)
             return st["task"]["node"] == "p2" and any(
-                m.get("resumed_on") == "p2" for m in st["migrations"]
+                m.get("resumed_on") == "p2" and m.get("from") == "p1" for m in st["migrations"]
             )
 
         try:
