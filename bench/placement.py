@@ -116,6 +116,11 @@ def collect(agents: list[LocalAgent], ids: list[tuple[int, str]], spread: bool) 
     return {"records": records, "done_at": done_at, "infos": infos, "placed_at": placed_at}
 
 
+def _pct(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted values (NaN when there are none)."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
 def first_placement(explained: dict[str, Any]) -> float | None:
     """When the home first put the task on a node (wall clock), from its decisions."""
     for d in explained.get("decisions", []):
@@ -163,16 +168,12 @@ def analyse(
         "submit_per_s": n / (submit_end - t0),
         "placed_per_s": n / (max(placed) - t0) if len(placed) == n else 0.0,
         "unplaced": n - len(placed),
-        "place_p50_ms": 1000 * place_delay[len(place_delay) // 2] if place_delay else None,
-        "place_p99_ms": (
-            1000 * place_delay[min(len(place_delay) - 1, int(0.99 * len(place_delay)))]
-            if place_delay
-            else None
-        ),
+        "place_p50_ms": 1000 * _pct(place_delay, 0.5),
+        "place_p99_ms": 1000 * _pct(place_delay, 0.99),
         "settled_per_s": n / settled_span,
         "completed_per_s": n / (res["done_at"] - t0),
-        "start_p50_ms": 1000 * lat[len(lat) // 2],
-        "start_p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "start_p50_ms": 1000 * _pct(lat, 0.5),
+        "start_p99_ms": 1000 * _pct(lat, 0.99),
         "cv_vs_ideal": cv,
         "per_node": count,
         "transfers_per_task": transfers / n,

@@ -205,7 +205,6 @@ class Journal:
         self.inline_commits = 0  # of which written on the idle loop, not in a thread
         self.ops_written = 0
         self.failures = 0
-        self.started_before_sync = 0  # on_written callbacks run ahead of the fsync
         self._sync_wal()
         _fsync_dir(path.parent)  # the journal's files, when this call created them
 
@@ -337,7 +336,6 @@ class Journal:
                 continue
             try:
                 cb()
-                self.started_before_sync += 1
             except Exception as e:  # a caller's bug must not stop the only writer
                 self.log.exception("journal.on_written_failed", e)
 
@@ -346,19 +344,15 @@ class Journal:
         self._sync_wal()
 
     def _sync_wal(self) -> None:
-        """fsync the WAL: what synchronous=FULL does at each commit. The file stays
-        while any connection is open; its descriptor is reopened if it was replaced."""
-        try:
-            st = os.stat(self._wal_path)
-        except FileNotFoundError:
-            return  # nothing written through WAL yet
-        fd = self._wal_fd
-        if fd is not None and os.fstat(fd).st_ino != st.st_ino:
-            os.close(fd)
-            fd = self._wal_fd = None
-        if fd is None:
-            fd = self._wal_fd = os.open(self._wal_path, os.O_RDONLY | os.O_CLOEXEC)
-        os.fdatasync(fd)
+        """fsync the WAL: what synchronous=FULL does at each commit. sqlite deletes or
+        replaces the WAL file only when its last connection closes (we hold two until
+        close()), so one descriptor, opened once the file exists, serves every commit."""
+        if self._wal_fd is None:
+            try:
+                self._wal_fd = os.open(self._wal_path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return  # nothing written through the WAL yet
+        os.fdatasync(self._wal_fd)
 
     def _write_sync(self, ops: list[Op]) -> None:
         c = self._wconn

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +51,28 @@ class _Syncs:
         self.real(fd)
 
 
+@asynccontextmanager
+async def _running_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Journal, _Syncs]]:
+    """A journal whose writer runs, with os.fdatasync recorded (and failable)."""
+    syncs = _Syncs([])
+    monkeypatch.setattr(jmod.os, "fdatasync", syncs)
+    j = Journal(tmp_path / "journal.db", node="n1")
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(j.run)
+            yield j, syncs
+            nursery.cancel_scope.cancel()
+    finally:
+        j.close()
+
+
 async def test_on_written_runs_before_the_fsync_and_commit_returns_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    order: list[str] = []
-    monkeypatch.setattr(jmod.os, "fdatasync", _Syncs(order))
-    j = Journal(tmp_path / "journal.db", node="n1")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(j.run)
+    async with _running_journal(tmp_path, monkeypatch) as (j, syncs):
+        order = syncs.order
         seen: list[bool] = []
 
         def written() -> None:
@@ -68,36 +84,25 @@ async def test_on_written_runs_before_the_fsync_and_commit_returns_after(
         await j.commit([PutTask(_task("t1"))], on_written=written)
         order.append("returned")
         assert order == ["written", "fsync", "returned"]
-        assert seen == [True] and j.started_before_sync == 1 and j.inline_commits == 1
-        nursery.cancel_scope.cancel()
-    j.close()
+        assert seen == [True] and j.inline_commits == 1
 
 
 async def test_under_load_the_write_and_fsync_go_to_a_thread_before_on_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    order: list[str] = []
-    monkeypatch.setattr(jmod.os, "fdatasync", _Syncs(order))
     monkeypatch.setattr(jmod, "INLINE_OPS", 0)  # every batch counts as "under load"
-    j = Journal(tmp_path / "journal.db", node="n1")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(j.run)
+    async with _running_journal(tmp_path, monkeypatch) as (j, syncs):
+        order = syncs.order
         order.clear()
         await j.commit([PutTask(_task("t2"))], on_written=lambda: order.append("written"))
         assert order == ["fsync", "written"] and j.inline_commits == 0
-        nursery.cancel_scope.cancel()
-    j.close()
 
 
 async def test_a_failed_fsync_fails_the_commit_and_must_land_ops_are_written_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    order: list[str] = []
-    syncs = _Syncs(order)
-    monkeypatch.setattr(jmod.os, "fdatasync", syncs)
-    j = Journal(tmp_path / "journal.db", node="n1")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(j.run)
+    async with _running_journal(tmp_path, monkeypatch) as (j, syncs):
+        order = syncs.order
         syncs.fail = True
         called: list[str] = []
         with pytest.raises(JournalError, match="injected fsync failure"):
@@ -111,8 +116,6 @@ async def test_a_failed_fsync_fails_the_commit_and_must_land_ops_are_written_aga
             while "fsync" not in order:  # the writer's retry pass, about every second
                 await trio.sleep(0.05)
         assert _in_db(j.path, "t4") and not j._retry
-        nursery.cancel_scope.cancel()
-    j.close()
 
 
 async def test_a_submission_whose_fsync_fails_is_refused_and_does_not_run(
