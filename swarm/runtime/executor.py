@@ -66,40 +66,84 @@ class ProcessResult:
         return self.spawn_error is None and self.exit_code == 0 and self.signal is None
 
 
-def _join_cgroups(plan: ProcessPlan) -> Callable[[], None] | None:
-    """Join the task's cgroups in the child before exec. Joining needs the agent's
-    privileges, and Popen switches user *before* it calls preexec_fn: so when both
-    are asked for, this function drops privileges itself, after joining."""
-    paths = plan.cgroup_procs
-    if not paths:
-        return None
-    uid, gid, groups = plan.uid, plan.gid, plan.groups
+def switches_user(plan: ProcessPlan) -> bool:
+    """Does this start change credentials (a root agent running a task as its user)?"""
+    return plan.uid is not None and (
+        plan.uid != os.geteuid() or plan.gid not in (None, os.getegid())
+    )
 
-    def preexec() -> None:  # runs in the child between fork and exec
-        pid = str(os.getpid()).encode()
-        for p in paths:
-            fd = os.open(p, os.O_WRONLY)
-            try:
-                os.write(fd, pid)
-            finally:
+
+class UserSwitch:
+    """The start of a task as another user, in the child between fork and exec.
+
+    Order matters, and nothing the submitter chose is touched while the child is root:
+    join the task's cgroups (needs the agent's privileges; the paths are the agent's
+    own), switch user (groups, gid, uid), then chdir to the task's directory *as the
+    user* (the kernel's permission checks decide, so a directory the user cannot enter
+    fails the task), then execve with the task's environment: the submitter's
+    variables (LD_PRELOAD, GCONV_PATH, ...) reach only the task's own program, never a
+    root helper. Why not setpriv(1) or a shell: those are programs the dynamic loader
+    starts as root, with whatever environment they are given.
+
+    A failure in the child is written to a pipe (the parent learns only "preexec_fn
+    failed" from subprocess) so the task fails with the reason."""
+
+    def __init__(self, plan: ProcessPlan) -> None:
+        self.plan = plan
+        self._r, self._w = os.pipe()
+
+    def preexec(self) -> None:  # runs in the child between fork and exec
+        plan = self.plan
+        step = "cannot put the process in its cgroup"
+        try:
+            if not plan.cgroup_threads:
+                pid = str(os.getpid()).encode()
+                for p in plan.cgroup_procs:
+                    fd = os.open(p, os.O_WRONLY)
+                    try:
+                        os.write(fd, pid)
+                    finally:
+                        os.close(fd)
+            step = "cannot switch to its user"
+            assert plan.uid is not None
+            os.setgroups(list(plan.groups or ()))
+            if plan.gid is not None:
+                os.setregid(plan.gid, plan.gid)
+            os.setreuid(plan.uid, plan.uid)
+            step = f"cannot enter working directory {plan.cwd}"
+            os.chdir(plan.cwd)
+        except OSError as e:
+            msg = f"{step}: {e.strerror or e}"
+            if step.startswith("cannot enter"):
+                msg += f" (as uid {plan.uid})"
+            os.write(self._w, msg.encode(errors="replace")[:4096])
+            raise
+
+    def error(self) -> str | None:
+        """What the child wrote before it failed (call once Popen has returned)."""
+        os.close(self._w)
+        self._w = -1
+        try:
+            data = os.read(self._r, 4096)
+        except OSError:
+            data = b""
+        return data.decode(errors="replace") or None
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            if fd >= 0:
                 os.close(fd)
-        if uid is not None:
-            os.setgroups(list(groups or ()))
-            if gid is not None:
-                os.setregid(gid, gid)
-            os.setreuid(uid, uid)
-
-    return preexec
+        self._r = self._w = -1
 
 
 # Joins the cgroups named before "--", then execs the rest. A shell costs about a
 # millisecond; a Python preexec_fn forces fork() of the whole agent instead of vfork
-# (8 ms in a bare interpreter, tens of ms in a busy agent), on every task start.
+# (8 ms in a bare interpreter, tens of ms in a busy agent), on every task start. Used
+# only where the task runs as the agent's own user (no credentials change).
 _CGJOIN = (
     'while [ "$1" != "--" ]; do echo $$ > "$1" || '
     '{ echo "swarm: cannot join cgroup $1" >&2; exit 126; }; shift; done; shift; exec "$@"'
 )
-SETPRIV = shutil.which("setpriv")
 
 
 def _wrapper_joins(plan: ProcessPlan) -> bool:
@@ -108,31 +152,21 @@ def _wrapper_joins(plan: ProcessPlan) -> bool:
 
 
 def spawn_argv(plan: ProcessPlan) -> tuple[list[str], dict[str, Any]] | None:
-    """argv and Popen arguments that keep the start on the fast (vfork) path: cgroups
-    are inherited from the starting thread or joined by a tiny shell wrapper, the user
-    is switched by setpriv(1), both after the agent's privileged part. None: not
-    possible here (no setpriv), use preexec_fn."""
+    """argv and Popen arguments that keep the start on the fast (vfork) path, for a
+    task that runs as the agent's own user: cgroups are inherited from the starting
+    thread or joined by a tiny shell wrapper. None: the task changes user, which only
+    `UserSwitch` may do (a fork, then the switch before anything else)."""
+    if switches_user(plan):
+        return None
     argv = list(plan.argv)
-    wrapper = _wrapper_joins(plan)
-    kwargs: dict[str, Any] = {}
-    if plan.uid is not None and (plan.uid != os.geteuid() or plan.gid not in (None, os.getegid())):
-        if SETPRIV is not None:
-            switch = [SETPRIV, f"--reuid={plan.uid}"]
-            if plan.gid is not None:
-                switch.append(f"--regid={plan.gid}")
-            groups = ",".join(str(g) for g in plan.groups or ())
-            switch.append(f"--groups={groups}" if groups else "--clear-groups")
-            argv = [*switch, "--", *argv]
-        elif wrapper:
-            return None  # switching in Popen happens before the wrapper could join
-        else:
-            kwargs.update(user=plan.uid, group=plan.gid, extra_groups=list(plan.groups or ()))
-    if wrapper:
+    if _wrapper_joins(plan):
         argv = ["/bin/sh", "-c", _CGJOIN, "swarm-cgjoin", *map(str, plan.cgroup_procs), "--", *argv]
-    return argv, kwargs
+    return argv, {}
 
 
 def _command_exists(plan: ProcessPlan) -> bool:
+    """Only for tasks that run as the agent's own user: anything else is checked by
+    the kernel, as the task's user, at its exec."""
     cmd = plan.argv[0]
     if "/" in cmd:
         path = cmd if os.path.isabs(cmd) else os.path.join(plan.cwd, cmd)
@@ -225,6 +259,7 @@ class Spawn:
     kwargs: dict[str, Any]
     logs: OpenLogs
     forks: bool
+    switch: UserSwitch | None = None  # the task runs as another user
 
 
 class Running:
@@ -326,16 +361,21 @@ class Executor:
         except OSError as e:
             return ProcessResult(None, None, spawn_error=f"cannot open log file: {e}")
         fast = spawn_argv(plan)
+        switch: UserSwitch | None = None
         if fast is not None:
             argv, kwargs = fast
-            if (_wrapper_joins(plan) or argv[0] == SETPRIV) and not _command_exists(plan):
+            if _wrapper_joins(plan) and not _command_exists(plan):
                 # the wrapper would report this as "exit 127": say it plainly instead
                 close_logs((out, err))
                 msg = _spawn_error(plan, FileNotFoundError(2, "not found", plan.argv[0]))
                 return ProcessResult(None, None, spawn_error=msg)
+            kwargs["cwd"] = plan.cwd
         else:
+            # switch user first, then chdir as the user (no cwd= here: subprocess would
+            # chdir as root, before the switch), then exec with the task's environment
+            switch = UserSwitch(plan)
             argv = list(plan.argv)
-            kwargs = {"preexec_fn": _join_cgroups(plan)}  # joins, then switches user
+            kwargs = {"preexec_fn": switch.preexec}
         if plan.umask is not None:
             kwargs["umask"] = plan.umask
         kwargs.update(
@@ -343,20 +383,25 @@ class Executor:
             stdout=out,
             stderr=err,
             env=dict(plan.env),
-            cwd=plan.cwd,
             start_new_session=True,
             close_fds=True,
         )
         forks = any(kwargs.get(k) is not None for k in _FORKING)
-        return Spawn(plan, argv, kwargs, (out, err), forks)
+        return Spawn(plan, argv, kwargs, (out, err), forks, switch)
 
     def _spawned(
         self, spawn: Spawn, popen: subprocess.Popen[Any] | BaseException
     ) -> Running | ProcessResult:
+        switched = spawn.switch is not None
+        why = None
+        if spawn.switch is not None:
+            if isinstance(popen, BaseException):
+                why = spawn.switch.error()
+            spawn.switch.close()
         if not isinstance(popen, BaseException):
             close_logs(spawn.logs)  # the child has its own copies
             return self._started(spawn.plan, Child(popen))
-        msg = _spawn_error(spawn.plan, popen)
+        msg = why or _spawn_error(spawn.plan, popen, switched=switched)
         try:  # where the task's own stderr would have gone
             os.write(spawn.logs[1], f"swarm: {msg}\n".encode())
         except OSError:
@@ -430,7 +475,9 @@ class Executor:
         return False if h is None else h.signal(sig)
 
 
-LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+# O_NOFOLLOW: a task's log file is never a symlink someone planted (the agent may be
+# root; the file's name comes from a validated task id in a root-owned directory)
+LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 def _popen(spawn: Spawn) -> subprocess.Popen[Any] | BaseException:
@@ -496,9 +543,15 @@ def close_logs(logs: OpenLogs) -> None:
         os.close(fd)
 
 
-def _spawn_error(plan: ProcessPlan, e: BaseException) -> str:
+def _spawn_error(plan: ProcessPlan, e: BaseException, *, switched: bool = False) -> str:
+    """Why a start failed, in the task's words. For a task run as another user the
+    exec's own error is all there is to say: nothing is checked again as root (that
+    would tell the user whether a file they cannot see exists)."""
     if isinstance(e, CgroupJoinError):
         return str(e)
+    if switched and isinstance(e, OSError) and e.errno in (errno.ENOENT, errno.EACCES):
+        what = "command not found" if e.errno == errno.ENOENT else "permission denied"
+        return f"{what}: {plan.argv[0]}"
     if isinstance(e, FileNotFoundError):
         if e.filename == plan.cwd or (e.filename is None and not os.path.isdir(plan.cwd)):
             return f"working directory not found: {plan.cwd}"

@@ -650,6 +650,24 @@ def _text(path: Path) -> str:
 # ------------------------------------------------------------------ per task
 
 
+def give_state_dir(path: Path, ident: Identity) -> None:
+    """Hand a checkpointing task's state dir to its user. Changed through descriptors
+    opened with O_NOFOLLOW, never by path: a symlink in its place (or as its parent) is
+    refused, not followed, so root never chowns or chmods a file of someone's choosing."""
+    path.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    parent = os.open(path.parent, flags)
+    try:
+        os.fchmod(parent, 0o711)  # reachable by each task's user, not listable
+        fd = os.open(path.name, flags, dir_fd=parent)
+        try:
+            os.fchown(fd, ident.uid, ident.gid)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent)
+
+
 class TaskIsolation:
     """The runner's plan and exit hooks and the coordinator's admission check."""
 
@@ -714,10 +732,10 @@ class TaskIsolation:
             changes.update(uid=ident.uid, gid=ident.gid, groups=ident.groups, env=env)
             state = plan.env.get("SWARM_STATE_DIR")
             if state:  # a checkpointing task writes its state dir as itself
-                p = Path(state)
-                p.mkdir(parents=True, exist_ok=True)
-                os.chown(p, ident.uid, ident.gid)
-                p.parent.chmod(0o711)  # reachable by each task's user, not listable
+                try:
+                    give_state_dir(Path(state), ident)
+                except OSError as e:
+                    raise PlanRefused(f"cannot prepare its state directory: {e}") from None
         try:
             group = self.cgroups.create(task.id, limits_of(task.spec))
         except OSError as e:
