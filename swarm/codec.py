@@ -57,7 +57,7 @@ def task_spec_from_wire(obj: Any) -> m.TaskSpec:
     if not argv:
         raise SchemaError("task: argv must not be empty")
     spec = m.TaskSpec(
-        id=f.str("id", required=True, max_len=128),
+        id=f.task_id("id", required=True),
         argv=tuple(argv),
         name=f.str("name", ""),
         env=f.str_map("env"),

@@ -8,6 +8,7 @@ since the epoch for anything journaled, so a record means the same after a resta
 from __future__ import annotations
 
 import enum
+import re
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +24,42 @@ DEFAULT_SHARES = 1024
 def new_task_id() -> TaskId:
     """Random, url-safe, sortable enough for humans; unique across the cluster."""
     return "t" + secrets.token_hex(8)
+
+
+# A task id names files (logs/<id>.out, task-state/<id>) and a cgroup, so it must never
+# be a path: it starts with a letter or digit (so never "." or ".."), has no "/", and
+# is short. An id a client chose is namespaced by its owner ("job1~alice"), so two
+# users' ids can never meet, on this node or any other (a client's own id never holds
+# a "~", so nobody can name another user's namespace).
+_CLIENT_ID = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}"
+_OWNER = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,31}"
+CLIENT_TASK_ID = re.compile(_CLIENT_ID)
+TASK_ID = re.compile(rf"{_CLIENT_ID}(?:~{_OWNER})?")
+OWNER = re.compile(_OWNER)
+MAX_TASK_ID_LEN = 64 + 1 + 32
+
+
+def valid_task_id(value: object) -> bool:
+    """Is `value` a task id (any node's: generated, or a client's id with its owner)?"""
+    return isinstance(value, str) and TASK_ID.fullmatch(value) is not None
+
+
+def valid_client_task_id(value: object) -> bool:
+    """Is `value` an id a client may choose (no owner part)?"""
+    return isinstance(value, str) and CLIENT_TASK_ID.fullmatch(value) is not None
+
+
+def id_namespace(uid: int, user: str | None) -> str:
+    """The owner part of a client-chosen id: the user name (what tasks run as on every
+    node), or uid<N> for a uid without a usable name."""
+    if user is not None and OWNER.fullmatch(user) and not user.startswith("uid"):
+        return user
+    return f"uid{uid}"
+
+
+def owned_task_id(client_id: str, uid: int, user: str | None) -> TaskId:
+    """The task id of a client-chosen id: namespaced by its owner."""
+    return f"{client_id}~{id_namespace(uid, user)}"
 
 
 class TaskState(enum.Enum):
@@ -117,6 +154,11 @@ class TaskSpec:
     expected_runtime: float | None = None
     submitted_at: float = 0.0
     home: NodeId = ""  # the node the task was submitted at; owns its record
+
+
+def same_submission(a: TaskSpec, b: TaskSpec) -> bool:
+    """Is `b` the submission `a` again (an idempotent retry): everything but the time?"""
+    return attrs.evolve(a, submitted_at=0.0) == attrs.evolve(b, submitted_at=0.0)
 
 
 @attrs.frozen

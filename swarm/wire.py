@@ -157,6 +157,19 @@ class Fields:
             raise SchemaError(f"{self.what}: field {key!r} longer than {max_len}")
         return v
 
+    def task_id(
+        self, key: builtins.str, default: Any = None, *, required: builtins.bool = False
+    ) -> Any:
+        """A task id: never a path, never "." or "..", bounded (model.valid_task_id)."""
+        from .model import MAX_TASK_ID_LEN, valid_task_id
+
+        v = self.str(key, default, required=required, max_len=MAX_TASK_ID_LEN)
+        if not required and v == default:
+            return v
+        if not valid_task_id(v):
+            raise SchemaError(f"{self.what}: field {key!r}: invalid task id {v!r:.80}")
+        return v
+
     def int(
         self,
         key: builtins.str,

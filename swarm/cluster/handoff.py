@@ -158,7 +158,7 @@ def request_to_wire(r: Request) -> dict[str, Any]:
 def request_from_wire(obj: Any) -> Request:
     f = wire.Fields(obj, "handoff request")
     kind = f.str("kind", required=True, max_len=16)
-    tid = f.str("task_id", required=True, max_len=64)
+    tid = f.task_id("task_id", required=True)
     epoch = f.int("epoch", required=True, lo=0)
     r: Request
     if kind == "offer":
@@ -209,7 +209,7 @@ def reply_to_wire(r: Reply) -> dict[str, Any]:
 def reply_from_wire(obj: Any) -> Reply:
     f = wire.Fields(obj, "handoff reply")
     r = Reply(
-        task_id=f.str("task_id", required=True, max_len=64),
+        task_id=f.task_id("task_id", required=True),
         epoch=f.int("epoch", required=True, lo=0),
         ok=f.bool("ok", required=True),
         verdict=f.enum("verdict", Verdict),

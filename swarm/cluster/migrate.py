@@ -77,7 +77,7 @@ def running_task_to_wire(t: RunningTask) -> dict[str, Any]:
 def running_task_from_wire(obj: Any) -> RunningTask:
     f = wire.Fields(obj, "running task")
     t = RunningTask(
-        task_id=f.str("task_id", required=True, max_len=128),
+        task_id=f.task_id("task_id", required=True),
         mode=f.enum("mode", MigrateMode, required=True),
         age=f.float("age", 0.0, lo=0.0),
         expected_runtime=f.float("expected_runtime", lo=0.0),
@@ -189,7 +189,7 @@ def begin_to_wire(b: Begin) -> dict[str, Any]:
 def begin_from_wire(obj: Any) -> Begin:
     f = wire.Fields(obj, "state begin")
     b = Begin(
-        task_id=f.str("task_id", required=True, max_len=128),
+        task_id=f.task_id("task_id", required=True),
         mid=f.str("mid", required=True, max_len=300),
         mode=f.enum("mode", MigrateMode, required=True),
         entries=f.int("entries", required=True, lo=0, hi=MAX_ENTRIES),

@@ -1167,8 +1167,9 @@ class Coordinator:
     async def rpc_task(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
         """Look up a task record here (for `swarm status` from another agent)."""
         tid = req.get("id")
-        if not isinstance(tid, str):
-            raise wire.SchemaError("task: missing id")
+        if not m.valid_task_id(tid):
+            raise wire.SchemaError("task: missing or invalid id")
+        assert isinstance(tid, str)
         try:
             t = await self.table.get(tid)
         except UnknownTask:
@@ -1178,7 +1179,7 @@ class Coordinator:
     async def rpc_logs(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> None:
         """Stream a local task's log to a peer (the task's home proxies it to its client)."""
         f = wire.Fields(req, "logs rpc", ignore=("v", "op", "from"))
-        tid = f.str("id", required=True, max_len=64)
+        tid = f.task_id("id", required=True)
         which = f.str("stream", "stdout")
         follow = f.bool("follow", False)
         offset = f.int("offset", 0, lo=0)
@@ -1242,7 +1243,7 @@ def _probe_from_wire(obj: Any) -> tr.ProbeRequest:
         round=f.int("round", required=True, lo=0),
         kind=f.str("kind", required=True, max_len=8),
         report=wire.decode_with(codec.load_report_from_wire, f.map("report", required=True)),
-        task_id=f.str("task_id", "", max_len=64),
+        task_id=f.task_id("task_id", ""),
         needs=f.nested("needs", tr.needs_from_wire),
     )
     f.done()

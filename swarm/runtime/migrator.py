@@ -1020,7 +1020,7 @@ class Migrator:
             await self._on_state(req, sender, stream)
             return None
         f = wire.Fields(req, "migrate", ignore=("v", "op", "from", "kind"))
-        tid = f.str("id", required=True, max_len=128)
+        tid = f.task_id("id", required=True)
         if kind == "abort":
             mid = f.str("mid", required=True, max_len=300)
             f.done()
