@@ -30,7 +30,16 @@ import trio
 from .. import wire
 from ..logs import NULL_LOG, EventLog
 
+# Connection limits: one local user must not lock every other user (or root) out by
+# holding connections open. Each uid gets at most MAX_PER_UID at once; all non-root
+# users together MAX_CONNECTIONS; root and the agent's own user have ROOT_RESERVE more
+# that nobody else can take. A connection idle between requests for IDLE_TIMEOUT
+# seconds is closed (a request in progress, such as `swarm wait` or `logs --follow`,
+# is not idle).
 MAX_CONNECTIONS = 2048
+MAX_PER_UID = 128
+ROOT_RESERVE = 256
+IDLE_TIMEOUT = 120.0
 
 
 @attrs.frozen
@@ -81,6 +90,9 @@ class ApiServer:
         mode: int = 0o660,
         log: EventLog = NULL_LOG,
         max_frame: int = wire.MAX_FRAME,
+        max_connections: int = MAX_CONNECTIONS,
+        max_per_uid: int = MAX_PER_UID,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self.path = path
         self.ops = ops
@@ -93,8 +105,15 @@ class ApiServer:
             "requests": 0,
             "bad_requests": 0,
             "bad_frames": 0,
+            "refused_busy": 0,
+            "idle_closed": 0,
         }
-        self._limit = trio.CapacityLimiter(MAX_CONNECTIONS)
+        self.max_connections = max_connections
+        self.max_per_uid = max_per_uid
+        self.idle_timeout = idle_timeout
+        self._open: dict[int, int] = {}  # uid -> connections open now
+        self._open_users = 0  # connections of uids other than root and the agent's
+        self._refusals_logged = float("-inf")  # trio time of the last "busy" log line
 
     async def _prepare_path(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,22 +167,66 @@ class ApiServer:
             except OSError:
                 pass
 
+    def _admit(self, uid: int) -> str | None:
+        """Take a connection slot for `uid`, or say why not (pure bookkeeping)."""
+        privileged = uid in (0, os.getuid())
+        n = self._open.get(uid, 0)
+        if privileged:
+            if n >= self.max_connections + ROOT_RESERVE:
+                return "too many connections to the agent"
+        elif n >= self.max_per_uid:
+            return f"too many connections from uid {uid} (at most {self.max_per_uid})"
+        elif self._open_users >= self.max_connections:
+            return "too many connections to the agent"
+        self._open[uid] = n + 1
+        if not privileged:
+            self._open_users += 1
+        return None
+
+    def _release(self, uid: int) -> None:
+        n = self._open.get(uid, 0) - 1
+        if n > 0:
+            self._open[uid] = n
+        else:
+            self._open.pop(uid, None)
+        if uid not in (0, os.getuid()):
+            self._open_users -= 1
+
     async def _connection(self, stream: trio.SocketStream) -> None:
-        if self._limit.available_tokens == 0:
-            await _send(stream, _error("busy", "too many connections to the agent"))
+        try:
+            cred = peer_cred(stream.socket)
+        except OSError as e:
+            self.log.warning("api.peercred_failed", error=str(e))
             await stream.aclose()
             return
-        async with self._limit, stream:
+        refusal = self._admit(cred.uid)
+        if refusal is not None:
+            self.stats["refused_busy"] += 1
+            now = trio.current_time()
+            if now - self._refusals_logged >= 10.0:  # one line per 10 s at most
+                self._refusals_logged = now
+                self.log.warning("api.busy", uid=cred.uid, reason=refusal)
+            with trio.move_on_after(1.0):
+                await _send(stream, _error("busy", refusal))
+            await stream.aclose()
+            return
+        try:
+            await self._serve_connection(stream, cred)
+        finally:
+            self._release(cred.uid)
+
+    async def _serve_connection(self, stream: trio.SocketStream, cred: PeerCred) -> None:
+        async with stream:
             self.stats["connections"] += 1
-            try:
-                cred = peer_cred(stream.socket)
-            except OSError as e:
-                self.log.warning("api.peercred_failed", error=str(e))
-                return
             decoder = wire.FrameDecoder(self.max_frame)
             try:
                 while True:
-                    data = await stream.receive_some(65536)
+                    data = b""
+                    with trio.move_on_after(self.idle_timeout) as idle:
+                        data = await stream.receive_some(65536)
+                    if idle.cancelled_caught:
+                        self.stats["idle_closed"] += 1
+                        return
                     if not data:
                         return
                     try:
