@@ -377,6 +377,20 @@ class Sealer:
                 continue
             aead, cached = self._aead(fp, key, instance)
             try:
+    def needs_derive(self, packet: bytes) -> bool:
+        """True if opening `packet` would first derive a subkey (HKDF): its key hint
+        matches a key of ours and its sender instance has never authenticated a packet
+        here (or was evicted from the cache). Cheap (no crypto): the transport asks
+        before it lets an unauthenticated source spend an HKDF (see
+        swarm.cluster.ratelimit.SourceLimiter)."""
+        if len(packet) < OVERHEAD:
+            return False
+        hint = bytes(packet[1 : 1 + HINT_SIZE])
+        instance = bytes(packet[1 + HINT_SIZE : 1 + HINT_SIZE + INSTANCE_SIZE])
+        return any(
+            fp[:HINT_SIZE] == hint and (fp, instance) not in self._aeads for fp, _ in self._keys
+        )
+
                 plaintext = aead.decrypt(nonce, body, ad)
             except InvalidTag:
                 continue

@@ -323,6 +323,9 @@ class ClusterNode:
             "mode": "an insecure node talking to secure ones (or the reverse)",
             "replay": "replayed or duplicated packets",
             "stale": "clock skew or replayed packets",
+            "ratelimit": "a flood of packets from unknown senders (dropped before decryption)",
+            "evicted": "TCP connections that never authenticated, closed to make room",
+            "rejected": "TCP connections refused: every slot holds an authenticated peer",
         }
         seen: dict[str, int] = {}
         while True:
@@ -331,7 +334,7 @@ class ClusterNode:
             if t is None:
                 continue
             for reason, hint in hints.items():
-                n = t.counters.get("dropped_" + reason, 0)
+                n = t.counters.get("dropped_" + reason, t.counters.get("tcp_conns_" + reason, 0))
                 if n > seen.get(reason, 0):
                     src = t.last_drop.get(reason)
                     self.log.warning(
@@ -386,7 +389,7 @@ class ClusterNode:
             raise TransportError(f"unknown peer {node}")
         faults = t.faults
         plan = faults.plan_request() if faults is not None and faults.active else RequestPlan()
-        msg = {"v": wire.PROTOCOL_VERSION, "from": self.node, **obj}
+        msg = {"v": wire.PROTOCOL_VERSION, "from": self.node, "to": node, **obj}
         with trio.move_on_after(timeout):
             await trio.sleep(plan.delay)
             if plan.drop_request:
@@ -435,7 +438,9 @@ class ClusterNode:
         if addr is None or self.transport is None:
             raise TransportError(f"unknown peer {node}")
         s = await self.transport.open_stream(addr, timeout=timeout)
-        await s.send({"v": wire.PROTOCOL_VERSION, "from": self.node, **obj}, timeout=timeout)
+        await s.send(
+            {"v": wire.PROTOCOL_VERSION, "from": self.node, "to": node, **obj}, timeout=timeout
+        )
         return s
 
     async def _serve(self, stream: FramedStream, peer: Addr) -> None:
@@ -457,6 +462,11 @@ class ClusterNode:
                 sender = req.get("from")
                 if not isinstance(op, str) or not isinstance(sender, str):
                     raise wire.SchemaError("rpc: missing op or from")
+                # the session is bound to this connection (net.py); this binds it to
+                # the node id the sender meant, so it cannot be redirected
+                to = req.pop("to", self.node)
+                if to != self.node:
+                    raise wire.SchemaError(f"rpc: meant for {to!r}, not this node")
                 handler = self.rpc.get(op)
                 if handler is None:
                     raise wire.SchemaError(f"rpc: unknown op {op!r}")

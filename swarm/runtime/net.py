@@ -14,11 +14,14 @@ docs/protocol.md ("Transport") describes the wire format and the fault shim.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
 import math
+import os
 import random
+import socket
 import struct
 import time
 from collections import deque
@@ -30,6 +33,7 @@ import attrs
 import trio
 
 from .. import wire
+from ..cluster.ratelimit import ConnGate, SourceLimiter
 from ..crypto import OVERHEAD as SEAL_OVERHEAD
 from ..crypto import VERSION as SEAL_VERSION
 from ..crypto import CryptoError, Opened, Sealer, SealStream
@@ -42,7 +46,10 @@ StreamHandler = Callable[["FramedStream", Addr], Awaitable[None]]
 
 PLAIN_MARKER = 0x00
 PLAIN_OVERHEAD = 5  # marker + 4-byte cluster tag
-HELLO_VERSION = 1
+HELLO_VERSION = 2  # 2: the server speaks first (challenge); the client binds to it
+HELLO_MAX = 4096  # msgpack bytes of the first frame each way (challenge, hello)
+UDP_BATCH = 256  # datagrams read per wakeup before other tasks get a turn
+UDP_RCVBUF = 8 << 20  # asked for (best effort; the kernel may cap it)
 _LEN = struct.Struct(">I")
 _MAX_UDP = 65507
 
@@ -56,6 +63,7 @@ DROP_REASONS = (
     "other_cluster",
     "mode",
     "backlog",
+    "ratelimit",
 )
 COUNTER_NAMES = (
     "udp_in_packets",
@@ -70,6 +78,7 @@ COUNTER_NAMES = (
     "tcp_conns_in",
     "tcp_conns_out",
     "tcp_conns_rejected",
+    "tcp_conns_evicted",
     "tcp_conn_errors",
     "handler_errors",
     *(f"dropped_{r}" for r in DROP_REASONS),
@@ -317,24 +326,34 @@ class _Codec:
 
 class _FrameSplitter:
     """Raw length-prefixed frames (wire.FrameDecoder's semantics, but the body must
-    be unsealed before it is msgpack)."""
+    be unsealed before it is msgpack). The first frame of a connection (challenge or
+    hello, not yet authenticated) may be at most `first_max` bytes: a bigger length
+    prefix is refused before its body is read."""
 
-    def __init__(self, max_size: int) -> None:
+    def __init__(self, max_size: int, first_max: int | None = None) -> None:
         self.max_size = max_size
+        self.first_max = max_size if first_max is None else min(first_max, max_size)
+        self.frames = 0  # frames split so far
         self._buf = bytearray()
+
+    @property
+    def limit(self) -> int:
+        return self.first_max if self.frames == 0 else self.max_size
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buf += data
         out: list[bytes] = []
         while len(self._buf) >= _LEN.size:
             (length,) = _LEN.unpack_from(self._buf)
-            if length > self.max_size:
-                raise wire.FrameTooLarge(f"frame of {length} bytes exceeds {self.max_size}")
+            limit = self.limit
+            if length > limit:
+                raise wire.FrameTooLarge(f"frame of {length} bytes exceeds {limit}")
             end = _LEN.size + length
             if len(self._buf) < end:
                 break
             out.append(bytes(self._buf[_LEN.size : end]))
             del self._buf[:end]
+            self.frames += 1
         return out
 
     @property
@@ -371,11 +390,21 @@ class FramedStream:
         self._server = server
         sealer = transport.sealer
         self._seal = sealer.new_stream() if sealer is not None else None
+        # Binding (associated data) of each direction. The client's hello is unbound;
+        # the server answers with a challenge on its fresh stream, and everything the
+        # client sends after the hello is bound to that stream's ident (the server's
+        # instance, random per process start, and a stream id it never reuses), so a
+        # recorded session opens on no other connection of any node. Every server
+        # frame is bound to the client's stream ident.
         self._bind_out = b""
         self._bind_in = b"" if server or self._seal is None else self._seal.ident
+        self._authed = False  # server: a frame bound to our challenge has opened
+        self._frames_in = 0  # frames accepted (authenticated, in order)
         self._peer_ident: bytes | None = None
         self._expect = 0
-        self._split = _FrameSplitter(transport.config.max_frame + transport.codec.overhead)
+        overhead = transport.codec.overhead
+        self._split = _FrameSplitter(transport.config.max_frame + overhead, HELLO_MAX + overhead)
+        self.conn_id = -1  # the server's ConnGate id; -1 on clients
         self._pending: deque[bytes] = deque()
         self._closed = False
 
@@ -436,8 +465,11 @@ class FramedStream:
         limit = self.timeout if timeout is None else timeout
         with trio.move_on_after(limit) as cs:
             while not self._pending:
+                # before the first frame, read no more than it may be: nothing is
+                # buffered for a connection that has not authenticated
+                size = 65536 if self._split.frames else self._split.limit + _LEN.size
                 try:
-                    data = await self._stream.receive_some(65536)
+                    data = await self._stream.receive_some(size)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
                     raise await self._fail(None, f"receive failed: {e}") from None
                 if not data:
@@ -454,6 +486,8 @@ class FramedStream:
         body = self._pending.popleft()
         self._t.counters["tcp_in_frames"] += 1
         self._t.counters["tcp_in_bytes"] += len(body) + _LEN.size
+        if self._server and self._peer_ident is None and not self._t.may_derive(body, self.remote):
+            raise await self._fail("ratelimit", "too many new sender instances from here")
         try:
             payload, opened = self._t.codec.unwrap(body, self._bind_in)
         except _Drop as e:
@@ -463,6 +497,10 @@ class FramedStream:
                 self._check_order(opened)
             except _OrderError as e:
                 raise await self._fail("replay", str(e)) from None
+        self._frames_in += 1
+        if self._server and not self._authed and self._frames_in > 1:
+            self._authed = True  # a frame after the hello, bound to our challenge
+            self._t._gate.authenticated(self.conn_id)
         try:
             return wire.unpack(payload, self._t.config.max_frame)
         except wire.WireError as e:
@@ -475,8 +513,9 @@ class FramedStream:
             if opened.counter != 0:
                 raise _OrderError("first frame of a connection must have counter 0")
             self._peer_ident = opened.ident
-            if self._server:
-                self._bind_out = opened.ident
+            self._bind_out = opened.ident
+            if self._server and self._seal is not None:
+                self._bind_in = self._seal.ident  # the rest: bound to our challenge
         elif opened.ident != self._peer_ident or opened.counter != self._expect:
             raise _OrderError("frame from another stream or out of order")
         self._expect = opened.counter + 1
@@ -517,8 +556,15 @@ class TransportConfig:
     max_datagram: int = 1400  # payload bytes per datagram (envelope not included)
     max_frame: int = wire.MAX_FRAME  # msgpack bytes per TCP frame
     max_connections: int = 256  # concurrent inbound TCP connections
+    max_pending: int = 128  # of which waiting for their hello (unauthenticated)
+    max_pending_per_source: int = 32  # ... from one source address
     connect_timeout: float = 5.0
-    handshake_timeout: float = 10.0  # inbound hello must arrive within this
+    handshake_timeout: float = 3.0  # inbound hello must arrive within this
+    # new sender instances (an HKDF each) per source address and in all, per second
+    derive_rate: float = 20.0
+    derive_burst: float = 50.0
+    derive_total_rate: float = 200.0
+    derive_total_burst: float = 400.0
     io_timeout: float = 30.0  # default idle limit per stream send/receive
     inbound_queue: int = 4096  # datagrams buffered for `incoming` (no on_packet)
 
@@ -529,6 +575,8 @@ class TransportConfig:
             raise ValueError(f"max_datagram must be in [1, {_MAX_UDP - SEAL_OVERHEAD}]")
         if self.max_frame < 64 or self.max_connections < 1 or self.inbound_queue < 1:
             raise ValueError("max_frame, max_connections and inbound_queue are too small")
+        if self.max_pending < 1 or self.max_pending_per_source < 1:
+            raise ValueError("max_pending and max_pending_per_source must be >= 1")
 
 
 class Transport:
@@ -573,6 +621,27 @@ class Transport:
         self._held: dict[Addr, tuple[bytes, DatagramPlan]] = {}
         self._active = 0
         self._udp_wire_max = config.max_datagram + self.codec.overhead
+        self._gate = ConnGate(
+            config.max_connections, config.max_pending, config.max_pending_per_source
+        )
+        self._conn_scopes: dict[int, trio.CancelScope] = {}
+        self._next_conn = 0
+        self.derive_limiter = SourceLimiter(
+            config.derive_rate,
+            config.derive_burst,
+            config.derive_total_rate,
+            config.derive_total_burst,
+        )
+        self.udp_rcvbuf = _rcvbuf(udp)
+
+    def may_derive(self, data: bytes, src: Addr) -> bool:
+        """False if `data` would cost a key derivation (a sender instance not seen
+        before) and `src`'s address has used up its share of those: checked before any
+        decryption, so a flood of forged headers costs a dict lookup each."""
+        sealer = self.sealer
+        if sealer is None or not sealer.needs_derive(data):
+            return True
+        return self.derive_limiter.allow(src[0], trio.current_time())
 
     # -- server side
 
@@ -638,27 +707,47 @@ class Transport:
         self.counters["udp_out_bytes"] += len(data)
 
     async def _udp_loop(self) -> None:
+        """Drain the socket in batches with plain non-blocking reads (a trio
+        `recvfrom` per datagram costs several times more), so a flood is dropped at
+        the rate the kernel delivers it and peers' datagrams are not lost behind it in
+        a full receive buffer."""
         limit = self._udp_wire_max
+        raw = socket.socket(fileno=os.dup(self._udp.fileno()))
+        raw.setblocking(False)
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(raw)
+                for _ in range(UDP_BATCH):
+                    try:
+                        data, src = raw.recvfrom(limit + 1)
+                    except BlockingIOError:
+                        break
+                    except OSError as e:  # e.g. ECONNREFUSED from an ICMP error
+                        log.debug("udp receive error: %s", e)
+                        continue
+                    self._on_datagram(data, (src[0], src[1]))
+                await trio.lowlevel.checkpoint()
+        finally:
+            raw.close()
+
+    def _on_datagram(self, data: bytes, src: Addr) -> None:
         c = self.counters
-        while True:
-            try:
-                data, src = await self._udp.recvfrom(limit + 1)
-            except OSError as e:  # e.g. ECONNREFUSED from an ICMP error
-                log.debug("udp receive error: %s", e)
-                await trio.sleep(0)
-                continue
-            c["udp_in_packets"] += 1
-            c["udp_in_bytes"] += len(data)
-            if len(data) > limit:
-                c["dropped_oversize"] += 1
-                continue
-            try:
-                payload, _ = self.codec.unwrap(data)
-            except _Drop as e:
-                c[f"dropped_{e.reason}"] += 1
-                self.last_drop[e.reason] = (src[0], src[1])
-                continue
-            self._deliver((src[0], src[1]), payload, False)
+        c["udp_in_packets"] += 1
+        c["udp_in_bytes"] += len(data)
+        if len(data) > self._udp_wire_max:
+            c["dropped_oversize"] += 1
+            return
+        if not self.may_derive(data, src):
+            c["dropped_ratelimit"] += 1
+            self.last_drop["ratelimit"] = src
+            return
+        try:
+            payload, _ = self.codec.unwrap(data)
+        except _Drop as e:
+            c[f"dropped_{e.reason}"] += 1
+            self.last_drop[e.reason] = src
+            return
+        self._deliver(src, payload, False)
 
     def _deliver(self, src: Addr, payload: bytes, reliable: bool) -> None:
         handler = self.on_packet
@@ -705,6 +794,16 @@ class Transport:
         )
         try:
             await fs.send({"v": HELLO_VERSION, "port": self.port, **hello}, timeout=limit)
+            try:
+                challenge = await fs.receive(timeout=limit)
+            except StreamClosed:
+                raise TransportError(f"{host}:{port}: closed during the handshake") from None
+            if not (
+                isinstance(challenge, dict)
+                and challenge.get("v") == HELLO_VERSION
+                and challenge.get("k") == "c"
+            ):
+                raise await fs._fail("malformed", "bad handshake challenge")
         except BaseException:
             await fs.aclose()
             raise
@@ -720,8 +819,13 @@ class Transport:
                 self.counters["dropped_fault"] += 1
                 raise TransportError(f"{addr[0]}:{addr[1]}: reliable packet dropped (fault shim)")
             await trio.sleep(plan.delay)
-        fs = await self._connect(addr, {"k": "p", "p": payload}, timeout)
-        await fs.aclose()
+        fs = await self._connect(addr, {"k": "p"}, timeout)
+        try:
+            await fs.send(
+                payload, timeout=self.config.connect_timeout if timeout is None else timeout
+            )
+        finally:
+            await fs.aclose()
 
     async def request(self, addr: Addr, obj: Any, timeout: float) -> Any:
         """One request, one reply, within `timeout` seconds in all."""
@@ -762,40 +866,56 @@ class Transport:
     async def _handle_conn(self, stream: trio.SocketStream) -> None:
         c = self.counters
         c["tcp_conns_in"] += 1
-        if self._active >= self.config.max_connections:
+        try:
+            remote_raw = stream.socket.getpeername()
+            remote: Addr = (remote_raw[0], remote_raw[1])
+        except OSError:
+            await trio.aclose_forcefully(stream)
+            return
+        conn = self._next_conn
+        self._next_conn += 1
+        adm = self._gate.open(conn, remote[0], trio.current_time())
+        for victim in adm.evict:
+            c["tcp_conns_evicted"] += 1
+            self.last_drop["evicted"] = remote
+            scope = self._conn_scopes.pop(victim, None)
+            if scope is not None:
+                scope.cancel()
+        if not adm.admit:
             c["tcp_conns_rejected"] += 1
+            self.last_drop["rejected"] = remote
             await trio.aclose_forcefully(stream)
             return
         self._active += 1
         try:
-            try:
-                remote_raw = stream.socket.getpeername()
-                remote: Addr = (remote_raw[0], remote_raw[1])
-            except OSError:
-                await trio.aclose_forcefully(stream)
-                return
-            fs = FramedStream(
-                self,
-                stream,
-                peer=remote,
-                remote=remote,
-                server=True,
-                timeout=self.config.io_timeout,
-            )
-            try:
-                await self._serve_conn(fs)
-            except TransportError as e:
-                log.debug("connection from %s: %s", remote, e)
-            except Exception:
-                c["handler_errors"] += 1
-                log.exception("stream handler failed for %s", remote)
-            finally:
-                await fs.aclose()
+            with trio.CancelScope() as scope:
+                self._conn_scopes[conn] = scope
+                fs = FramedStream(
+                    self,
+                    stream,
+                    peer=remote,
+                    remote=remote,
+                    server=True,
+                    timeout=self.config.io_timeout,
+                )
+                fs.conn_id = conn
+                try:
+                    await self._serve_conn(fs)
+                except TransportError as e:
+                    log.debug("connection from %s: %s", remote, e)
+                except Exception:
+                    c["handler_errors"] += 1
+                    log.exception("stream handler failed for %s", remote)
+                finally:
+                    await fs.aclose()
         finally:
+            self._conn_scopes.pop(conn, None)
+            self._gate.close(conn)
             self._active -= 1
 
     async def _serve_conn(self, fs: FramedStream) -> None:
-        hello = await fs.receive(timeout=self.config.handshake_timeout)
+        limit = self.config.handshake_timeout
+        hello = await fs.receive(timeout=limit)
         if (
             not isinstance(hello, dict)
             or hello.get("v") != HELLO_VERSION
@@ -803,20 +923,52 @@ class Transport:
             or not isinstance(hello.get("port"), int)
             or isinstance(hello.get("port"), bool)
             or not (0 <= hello["port"] <= 65535)
-            or (hello["k"] == "p" and not isinstance(hello.get("p"), bytes))
         ):
             self.counters["dropped_malformed"] += 1
             self.counters["tcp_conn_errors"] += 1
             return
         fs.peer = (fs.remote[0], hello["port"])
+        # the challenge: what the client sends next must be bound to this stream
+        await fs.send({"v": HELLO_VERSION, "k": "c"}, timeout=limit)
         if hello["k"] == "p":
-            self._deliver(fs.peer, hello["p"], True)
+            payload = await fs.receive(timeout=limit)
+            if not isinstance(payload, bytes):
+                self.counters["dropped_malformed"] += 1
+                self.counters["tcp_conn_errors"] += 1
+                return
+            self._deliver(fs.peer, payload, True)
             return
         handler = self._stream_handler
         if handler is None:
             self.counters["tcp_conn_errors"] += 1
+            with contextlib.suppress(TransportError):
+                await fs.receive(timeout=limit)  # read the request: a clean close, no reset
             return
         await handler(fs, fs.peer)
+
+
+def _grow_rcvbuf(udp: trio.socket.SocketType) -> None:
+    """Best effort: a big UDP receive buffer absorbs bursts (floods included) while the
+    receive loop catches up. SO_RCVBUFFORCE (root, CAP_NET_ADMIN) passes the
+    net.core.rmem_max cap; SO_RCVBUF is capped by it."""
+    force = getattr(socket, "SO_RCVBUFFORCE", None)
+    if force is not None:
+        try:
+            udp.setsockopt(socket.SOL_SOCKET, force, UDP_RCVBUF)
+            return
+        except OSError:
+            pass
+    try:
+        udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RCVBUF)
+    except OSError:
+        pass
+
+
+def _rcvbuf(udp: trio.socket.SocketType) -> int:
+    try:
+        return int(udp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+    except OSError:
+        return 0
 
 
 async def _bind_pair(host: str, port: int) -> tuple[trio.socket.SocketType, trio.socket.SocketType]:
@@ -831,11 +983,8 @@ async def _bind_pair(host: str, port: int) -> tuple[trio.socket.SocketType, trio
             await tcp.bind((host, port))
             chosen = tcp.getsockname()[1]
             await udp.bind((host, chosen))
-            tcp.listen(128)
-            try:
-                udp.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 1 << 21)
-            except OSError:
-                pass
+            tcp.listen(512)
+            _grow_rcvbuf(udp)
             return udp, tcp
         except OSError as e:
             tcp.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
 import struct
@@ -244,7 +245,7 @@ async def test_stream_many_frames_both_ways() -> None:
                     await s.send({"up": i})
         assert got == list(range(n))
         assert received == list(range(n))
-        assert b.counters["tcp_out_frames"] == n
+        assert b.counters["tcp_out_frames"] == n + 1  # + handshake challenge
         assert b.counters["tcp_in_frames"] == n + 1  # + hello
 
 
@@ -294,6 +295,18 @@ async def test_handler_exception_does_not_stop_server() -> None:
             await a.request(b.advertise, "crash", timeout=10)
         assert await a.request(b.advertise, "fine", timeout=10) == "ok"
         assert b.counters["handler_errors"] == 1
+
+
+async def read_frame(s: trio.SocketStream) -> bytes:
+    buf = b""
+    with trio.fail_after(10):
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+            chunk = await s.receive_some(4096)
+            assert chunk, "closed mid-frame"
+            buf += chunk
+    (n,) = struct.unpack(">I", buf[:4])
+    assert len(buf) == 4 + n
+    return buf[4:]
 
 
 async def raw_connect(addr: tuple[str, int]) -> trio.SocketStream:
@@ -346,7 +359,7 @@ async def test_truncated_frame_and_bad_hello() -> None:
         await s.send_eof()
         assert await read_until_closed(s) == b""
         await wait_for(lambda: b.counters["dropped_malformed"] == 1)
-        for hello in ({"v": 2, "k": "s", "port": 1}, {"v": 1, "k": "p", "port": 1}, [1]):
+        for hello in ({"v": 1, "k": "s", "port": 1}, {"v": 2, "k": "x", "port": 1}, [1]):
             env = codec.wrap(wire.pack(hello), None)
             s = await raw_connect(b.advertise)
             await s.send_all(struct.pack(">I", len(env)) + env)
@@ -355,49 +368,63 @@ async def test_truncated_frame_and_bad_hello() -> None:
         assert (await a.request(b.advertise, 1, timeout=10))["echo"] == 1
 
 
+def framed(env: bytes) -> bytes:
+    return struct.pack(">I", len(env)) + env
+
+
 async def test_replayed_tcp_connection_rejected() -> None:
-    """A recorded connection (hello + request) replayed later is refused."""
+    """A recorded connection (hello + request), replayed later to the same node or to
+    another one, runs nothing: after the hello the client's frames are bound to the
+    server's challenge, which is new for every connection."""
     handled: list[Any] = []
 
     async def handler(stream: FramedStream, peer: tuple[str, int]) -> None:
         handled.append(await stream.receive())
         await stream.send("done")
 
-    async with node() as b:
+    hello = wire.pack({"v": 2, "k": "s", "port": 1})
+    async with node() as b, node() as c:
         b.serve(handler)
-        attacker_view = sealer()
-        st_ = attacker_view.new_stream()  # a legitimate client's stream, recorded
-        frames = b""
-        for obj in ({"v": 1, "k": "s", "port": 1}, {"op": "delete everything"}):
-            env = st_.seal(wire.pack(obj), time.time())
-            frames += struct.pack(">I", len(env)) + env
+        c.serve(handler)
+        view = sealer()  # a legitimate client (it holds the key)
+        st_ = view.new_stream()
         s = await raw_connect(b.advertise)
-        await s.send_all(frames)
+        first = framed(st_.seal(hello, time.time()))
+        await s.send_all(first)
+        challenge = view.open_info(await read_frame(s), time.time(), st_.ident)
+        second = framed(
+            st_.seal(wire.pack({"op": "delete everything"}), time.time(), challenge.ident)
+        )
+        await s.send_all(second)
         assert len(await read_until_closed(s)) > 0  # got "done"
-        s = await raw_connect(b.advertise)
-        await s.send_all(frames)
-        assert await read_until_closed(s) == b""
+        for target, reason in ((b, "dropped_replay"), (c, "dropped_decrypt")):
+            s = await raw_connect(target.advertise)
+            await s.send_all(first + second)  # the attacker's recording
+            await read_until_closed(s)  # c answers the hello with its own challenge
+            assert target.counters[reason] == 1
         assert handled == [{"op": "delete everything"}]
-        assert b.counters["dropped_replay"] == 1
 
         # frames out of order (second frame first on a fresh stream) are refused too
-        st2 = attacker_view.new_stream()
-        f1 = st2.seal(wire.pack({"v": 1, "k": "s", "port": 1}), time.time())
+        st2 = view.new_stream()
+        f1 = st2.seal(hello, time.time())
         f2 = st2.seal(wire.pack("x"), time.time())
         s = await raw_connect(b.advertise)
-        await s.send_all(struct.pack(">I", len(f2)) + f2 + struct.pack(">I", len(f1)) + f1)
+        await s.send_all(framed(f2) + framed(f1))
         assert await read_until_closed(s) == b""
         assert b.counters["dropped_replay"] == 2
 
 
 async def test_connection_limit() -> None:
     async def hold(stream: FramedStream, peer: tuple[str, int]) -> None:
-        await stream.receive(timeout=math.inf)
+        with contextlib.suppress(TransportError):
+            while True:
+                await stream.receive(timeout=math.inf)
 
     async with node() as a, node(max_connections=1) as b:
         b.serve(hold)
         first = await a.open_stream(b.advertise)
-        await wait_for(lambda: b.counters["tcp_conns_in"] == 1)
+        await first.send("authenticated")
+        await wait_for(lambda: b.counters["tcp_conns_in"] == 1 and b._gate.pending == 0)
         with pytest.raises(TransportError):
             await a.request(b.advertise, "x", timeout=10)
         assert b.counters["tcp_conns_rejected"] == 1
