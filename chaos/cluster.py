@@ -29,8 +29,8 @@ from swarm.localcluster import agent_argv
 from . import netns
 
 PORT = 7946
+INSECURE = ("--insecure",)  # unless the cluster shares a key file (`keyring`)
 BASE_ARGS = (
-    "--insecure",
     "--no-mdns",
     "--profile",
     "local",
@@ -64,8 +64,10 @@ class ChaosAgent:
         args: Sequence[str],
         env: dict[str, str],
         cwd: Path | None = None,
+        keyring: Path | None = None,
     ) -> None:
         self.name = name
+        self.keyring = keyring
         self.cwd = cwd
         self.index = index
         self.dir = root / name
@@ -103,6 +105,7 @@ class ChaosAgent:
             "--port",
             str(self.port),
             *BASE_ARGS,
+            *(INSECURE if self.keyring is None else ("--keyring", str(self.keyring))),
             *self.args,
         ]
         if self.seeds:
@@ -270,10 +273,13 @@ class ChaosCluster:
         shim: str | None = None,
         tmpfs_nodes: dict[int, int] | None = None,
         code: Path | None = None,
+        keyring: Path | None = None,
         log: Callable[[str], None] = lambda s: None,
     ) -> None:
         """`code`: a directory holding the `swarm` package the agents run (a snapshot
-        taken when the suite started); default: whatever `python -m swarm` finds."""
+        taken when the suite started); default: whatever `python -m swarm` finds.
+        `keyring`: a cluster key file every agent uses (encryption on); default
+        --insecure."""
         if mode not in ("netns", "loopback"):
             raise ValueError(f"mode {mode!r}")
         self.n = n
@@ -306,6 +312,7 @@ class ChaosCluster:
                 args=[*args, *(per_node_args or {}).get(i, [])],
                 env=dict(base_env),
                 cwd=code,
+                keyring=keyring,
             )
             a.shim = shim
             self.agents.append(a)

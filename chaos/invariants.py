@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -26,6 +27,8 @@ RESERVE = "reservation-not-oversubscribed"
 MEMBERSHIP = "membership-converged"
 NO_CRASH = "no-crash-or-traceback"
 INTEGRITY = "journal-integrity"
+
+ENCRYPTED = "traffic-encrypted"  # checked only in scenarios that run with a cluster key
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
@@ -328,6 +331,26 @@ def check_log(node: str, text: str, allowed_errors: Iterable[str] = ()) -> list[
             name = ev.group(1) if ev else "?"
             if name not in allowed:
                 out.append(Violation(NO_CRASH, node, f"log line {n}: {line[:300]}"))
+    return out
+
+
+def check_encrypted(
+    node: str, log_text: str, transport: Mapping[str, Any] | None
+) -> list[Violation]:
+    """With a shared cluster key: the agent never ran unencrypted, and no frame of a
+    member failed to authenticate (`dropped_decrypt`) or came in the other mode
+    (`dropped_mode`: plaintext into a keyed agent). Faults may drop, delay, duplicate
+    or reorder (replays and stale frames are dropped and counted), never corrupt."""
+    out = []
+    if "agent.insecure" in log_text:
+        out.append(Violation(ENCRYPTED, node, "the agent ran with --insecure"))
+    if transport is None:
+        out.append(Violation(ENCRYPTED, node, "no transport counters (agent unreachable)"))
+        return out
+    for key in ("dropped_decrypt", "dropped_mode"):
+        n = int(transport.get(key, 0) or 0)
+        if n:
+            out.append(Violation(ENCRYPTED, node, f"{key} = {n} within a keyed cluster"))
     return out
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .invariants import ALL
+from .invariants import ALL, ENCRYPTED
 from .scenario import ScenarioResult
 
 BEGIN = "<!-- chaos-report:begin -->"
@@ -48,7 +48,8 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
             f"| {r.converge_summary} | {_fmt(r.final_converge_s)} | {r.handoffs} "
             f"| {r.transfers} | {r.drains} | {verdict} |"
         )
-    lines += ["", "Invariants checked: " + ", ".join(f"`{x}`" for x in ALL) + ".", ""]
+    checked = ", ".join(f"`{x}`" for x in ALL)
+    lines += ["", f"Invariants checked: {checked}; `{ENCRYPTED}` in keyed scenarios.", ""]
     for r in results:
         lines.append(f"### {r.name} (seed {r.seed}, {r.wall_s:.0f} s)")
         lines.append("")

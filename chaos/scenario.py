@@ -6,6 +6,7 @@ invariants against their journals, logs and CLI answers.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import threading
 import time
@@ -95,6 +96,18 @@ def _summary(xs: Sequence[float]) -> str:
     return f"{statistics.median(xs):.1f} / {max(xs):.1f}"
 
 
+def write_cluster_key(path: Path) -> Path:
+    """A new cluster key file, created 0600 by the harness (root in namespace mode:
+    owned by root, as a root agent demands) and never readable by anyone else."""
+    from swarm.crypto import keygen_file_text
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(keygen_file_text())
+    os.chmod(path, 0o600)  # whatever the umask
+    return path
+
+
 def _fault_of(fp: FaultPlan) -> fl.Fault:
     cls = fl.KINDS[fp.kind]
     return cls(targets=fp.targets)
@@ -143,6 +156,12 @@ class Runner:
         t_start = time.monotonic()
         sc = self.sc
         tmpfs = {1: TMPFS_MB} if sc.tmpfs_node and self.mode == "netns" else None
+        keyring = write_cluster_key(self.root / "cluster.key") if sc.encrypted else None
+        if keyring is not None:
+            self.result.notes.append(
+                "encrypted: every agent uses one generated cluster key (mode 0600, "
+                f"owner uid {os.getuid()}), no --insecure"
+            )
         cl = ChaosCluster(
             sc.nodes,
             self.root,
@@ -153,6 +172,7 @@ class Runner:
             shim=sc.shim,
             tmpfs_nodes=tmpfs,
             code=self.code,
+            keyring=keyring,
             log=self.log,
         )
         try:
@@ -384,6 +404,22 @@ class Runner:
         for a in cl.agents:
             allowed = DISK_ERRORS if a.name in disk_nodes else ()
             violations += inv.check_log(a.name, a.log_text(), allowed)
+            if self.sc.encrypted:
+                info = infos.get(a.name)
+                transport = info.get("transport") if info is not None else None
+                violations += inv.check_encrypted(a.name, a.log_text(), transport)
+        if self.sc.encrypted:
+            drops = {
+                k: sum(
+                    int((i or {}).get("transport", {}).get(f"dropped_{k}", 0))
+                    for i in infos.values()
+                )
+                for k in ("decrypt", "mode", "replay", "stale")
+            }
+            res.notes.append(
+                "encrypted: frames dropped at the end (agents' transport counters, since "
+                "their last start): " + ", ".join(f"{k} {n}" for k, n in drops.items())
+            )
             exits = [(x.at, x.code, x.expected) for x in a.exits]
             violations += inv.check_exits(a.name, exits)
             if stop_codes[a.name] not in (0, None):

@@ -34,6 +34,7 @@ class Scenario:
     converge_bound: float = 60.0  # membership must agree within this after the last heal
     globals: int = 3
     canary: bool = False  # add a burst at node 1 drained right after (self-test workload)
+    encrypted: bool = False  # agents share a generated cluster key instead of --insecure
     description: str = ""
 
 

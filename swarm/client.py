@@ -11,12 +11,14 @@ process that should start fast, and user scripts should not need an event loop.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import limits as lim
 from . import wire
 from .paths import default_socket_path
 
@@ -38,6 +40,98 @@ class RequestFailed(ClientError):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class InvalidRequest(RequestFailed):
+    """Refused here, before sending: a field the agent would refuse, or one that cannot
+    even be encoded (an integer past 64 bits, a request over the frame limit)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid", message)
+
+
+def _number(
+    req: Mapping[str, Any],
+    key: str,
+    *,
+    integer: bool,
+    lo_open: float,
+    hi: float,
+    unit: str = "",
+    top: str | None = None,
+    name: str | None = None,
+) -> None:
+    v = req.get(key)
+    key = name or key
+    if v is None:
+        return
+    ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok_type:
+        kind = "an integer" if integer else "a number"
+        raise InvalidRequest(f"submit: {key} must be {kind}, got {type(v).__name__}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise InvalidRequest(f"submit: {key} must be a finite number, got {v}")
+    if not (v > lo_open and v <= hi):
+        shown = f"a {v.bit_length()}-bit integer" if isinstance(v, int) and v > 1e15 else f"{v:g}"
+        low = "0 or more" if lo_open < 0 else "> 0"
+        top = top or (f"{int(hi)}" if integer else f"{hi:g}")
+        raise InvalidRequest(f"submit: {key} must be {low} and <= {top}{unit}, got {shown}")
+
+
+def check_submit(req: Mapping[str, Any]) -> None:
+    """The agent's size and number bounds (swarm.limits), checked before sending:
+    raises InvalidRequest naming the field. Other rules (env names, ids, GPU
+    requests) are left to the agent, whose answer names the field as well."""
+    argv = req.get("argv")
+    if isinstance(argv, (list, tuple)):
+        total = sum(len(a) for a in argv if isinstance(a, str))
+        if total > lim.MAX_ARGV_BYTES:
+            raise InvalidRequest(
+                f"submit: argv longer than 1 MiB ({total} characters); pass large data in a file"
+            )
+    _number(req, "weight", integer=False, lo_open=0.0, hi=lim.MAX_WEIGHT)
+    _number(req, "reserve_shares", integer=True, lo_open=-1, hi=lim.MAX_RESERVE_SHARES)
+    _number(req, "cpu", integer=False, lo_open=0.0, hi=lim.MAX_CPU, unit=" cores")
+    _number(req, "mem", integer=True, lo_open=0, hi=lim.MAX_MEM, top="1 EiB")
+    _number(req, "expected_runtime", integer=False, lo_open=0.0, hi=lim.MAX_EXPECTED_RUNTIME)
+    gpu = req.get("gpu")
+    if isinstance(gpu, Mapping):
+        for k, hi in (
+            ("core", 100 * 1024),
+            ("memory_bytes", lim.MAX_MEM),
+            ("memory_ratio", 100 * 1024),
+        ):
+            _number(gpu, k, integer=True, lo_open=0, hi=hi, name=f"gpu {k}")
+
+
+def encode_request(req: Mapping[str, Any]) -> bytes:
+    """One request frame; a field that cannot be encoded, or a request over the
+    agent's frame limit, is an InvalidRequest naming the (largest) field."""
+    msg = {"v": wire.PROTOCOL_VERSION, **req}
+    op = str(req.get("op", "request"))
+    try:
+        return wire.encode_frame(msg)
+    except wire.FrameTooLarge:
+        sizes = {k: len(_packed(v)) for k, v in req.items()}
+        big = max(sizes, key=lambda k: sizes[k])
+        raise InvalidRequest(
+            f"{op}: request larger than the agent accepts ({lim.MAX_FRAME >> 20} MiB); "
+            f"field {big!r} alone is {sizes[big]} bytes"
+        ) from None
+    except (OverflowError, TypeError, ValueError) as e:
+        for k, v in req.items():
+            try:
+                wire.pack(v)
+            except (OverflowError, TypeError, ValueError):
+                raise InvalidRequest(f"{op}: field {k!r} cannot be sent: {e}") from None
+        raise InvalidRequest(f"{op}: request cannot be sent: {e}") from None
+
+
+def _packed(v: Any) -> bytes:
+    try:
+        return wire.pack(v)
+    except (OverflowError, TypeError, ValueError):
+        return b""
 
 
 class Client:
@@ -90,10 +184,11 @@ class Client:
         self.close()
 
     def _send(self, req: Mapping[str, Any]) -> None:
+        frame = encode_request(req)
         self.connect()
         assert self._sock is not None
         try:
-            self._sock.sendall(wire.encode_frame({"v": wire.PROTOCOL_VERSION, **req}))
+            self._sock.sendall(frame)
         except OSError as e:
             self.close()
             raise AgentUnreachable(self.path, f"connection lost: {e}") from None
@@ -155,8 +250,7 @@ class Client:
                 cwd = os.getcwd()
             except OSError:
                 cwd = "/"
-        reply = self.call(
-            "submit",
+        fields: dict[str, Any] = dict(
             argv=list(argv),
             name=name,
             env=dict(env or {}),
@@ -166,6 +260,8 @@ class Client:
             id=task_id,
             **extra,
         )
+        check_submit(fields)
+        reply = self.call("submit", **fields)
         return str(reply["id"])
 
     def status(self, task_id: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from .client import AgentUnreachable, Client, ClientError
-from .fmt import fmt_age, fmt_bytes, table_lines
+from .fmt import fmt_age, fmt_bytes, table_lines, term_safe
 
 BAR = 16
 CSI = "\x1b["
@@ -135,7 +135,8 @@ def render(
     rows = task_rows(tasks, now)
     lines.append(f"RECENT TASKS ({len(rows)})")
     lines.extend(table_lines(rows[:room], TASK_HEADERS))
-    return [ln[:width] for ln in lines[: max(1, height)]]
+    # tables escape their cells; the title (node name) and error lines are data too
+    return [term_safe(ln)[:width] for ln in lines[: max(1, height)]]
 
 
 Fetch = Callable[[int], tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]]

@@ -343,3 +343,36 @@ def test_the_canary_buries_node_1_in_work_then_drains_everyone() -> None:
     assert drained == set(range(1, CANARY.nodes + 1))
     n1 = next(d for d in plan.drains if d.node == 1)
     assert all(d.start < n1.start < d.end for d in plan.drains if d.node != 1)
+
+
+def test_the_keyed_check_names_plaintext_and_failed_authentication() -> None:
+    clean = {"dropped_decrypt": 0, "dropped_mode": 0, "dropped_replay": 7}
+    assert inv.check_encrypted("n1", "ts=1 level=info event=agent.started", clean) == []
+    bad = inv.check_encrypted(
+        "n2", "level=warning event=agent.insecure", {"dropped_decrypt": 3, "dropped_mode": 1}
+    )
+    assert {v.invariant for v in bad} == {inv.ENCRYPTED} and len(bad) == 3
+    assert inv.check_encrypted("n3", "", None)[0].invariant == inv.ENCRYPTED
+
+
+def test_the_full_suite_has_a_keyed_scenario_and_it_comes_last() -> None:
+    keyed = [sc for sc in FULL if sc.encrypted]
+    assert keyed and FULL[-1].encrypted  # appended: the other scenarios keep their seeds
+    assert not any(sc.encrypted for sc in SMOKE)
+
+
+def test_the_chaos_key_file_is_private(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from chaos.scenario import write_cluster_key
+    from swarm.crypto import Keyring
+
+    old = os.umask(0)
+    try:
+        p = write_cluster_key(tmp_path / "cluster.key")
+    finally:
+        os.umask(old)
+    st_ = p.stat()
+    assert stat.S_IMODE(st_.st_mode) == 0o600 and st_.st_uid == os.getuid()
+    assert Keyring.parse(p.read_text()).primary

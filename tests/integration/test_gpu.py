@@ -62,13 +62,10 @@ def test_gpu_tasks_land_only_where_there_is_room(make_agent: AgentFactory, short
     with g3.client() as c:
         t = c.wait(two, timeout=60)
     assert t["node"] == "g1" and len(run_env(g3, two).split("|")[0].split(",")) == 2
-    # more than exists anywhere: stays queued, and explain says why
-    big = g3.cli("submit", "--gpu", "300", "--", "true").stdout.strip()
-    time.sleep(1.5)
-    ex = g3.cli("explain", big)
-    assert "gpu" in ex.stdout.lower(), ex.stdout
-    assert json.loads(g3.cli("status", "--json", big).stdout)["state"] == "queued"
-    g3.cli("cancel", big)
+    # more than exists anywhere (every node's capacity is known): refused at submit
+    big = g3.cli("submit", "--gpu", "300", "--", "true")
+    assert big.returncode == 2 and big.stdout == "", big
+    assert "could ever run" in big.stderr and "g1: wants GPU 300%" in big.stderr, big.stderr
 
 
 def test_invalid_gpu_requests_are_refused_with_the_rule(make_agent: AgentFactory) -> None:

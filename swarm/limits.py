@@ -1,0 +1,17 @@
+"""Bounds of a submit request's numeric and size fields (shared by agent and client).
+
+The agent checks them in swarm.requests; the client checks the same ones before it
+sends (swarm.client), so a value that cannot even be encoded (an integer past 64 bits,
+a request over the frame limit) is named as a field, never a traceback. Light to
+import: constants only.
+"""
+
+from __future__ import annotations
+
+MAX_FRAME = 4 * 1024 * 1024  # = wire.MAX_FRAME: the agent refuses a longer frame
+MAX_ARGV_BYTES = 1 << 20  # total characters of argv
+MAX_WEIGHT = 1e6
+MAX_RESERVE_SHARES = 1 << 31
+MAX_CPU = 1e5  # cores
+MAX_MEM = 1 << 60  # bytes (1 EiB): larger is a typo, not a machine
+MAX_EXPECTED_RUNTIME = 1e9  # seconds (~31 years)
