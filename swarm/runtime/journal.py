@@ -26,13 +26,34 @@ need an answer (submissions: the client gets an error, nothing was acknowledged)
 state records of known tasks are kept and retried until they land, newest record
 per task wins, so a transient full disk delays the journal but does not lose a
 result.
+
+Small disks. sqlite checkpoints the WAL into the database only once it holds
+`wal_autocheckpoint` pages, and never shrinks it by default: with the default 1,000
+pages (4 MiB) the WAL alone filled a 2 MB state filesystem before its first
+checkpoint, and every later write (and the checkpoint on close) needed more room than
+there was, so the journal stayed full after space returned, across restarts too. So
+the writer checkpoints every WAL_AUTOCHECKPOINT pages (512 KiB) and truncates the WAL
+back to WAL_SIZE_LIMIT bytes after each, and a write that fails with SQLITE_FULL runs
+`wal_checkpoint(TRUNCATE)` (which frees the WAL's space once its pages are in the
+database) and is tried once more. While writes fail the journal is `wedged` (shown by
+`swarm info`): the first write that lands clears it (state records are retried every
+RETRY_INTERVAL; with nothing to retry, a tiny probe write goes every PROBE_INTERVAL),
+so the agent takes work again without a restart. Retries go in a transaction of their
+own, before the new batch: a submission that fits is not refused for their size.
+Checkpointing about 8 times as often as sqlite's default did not measurably change
+lone commits (~0.3 ms) or bench/submit.py.
+
+Files are private: the database is created 0600 (sqlite gives its WAL and shared-memory
+files the database's mode) and an existing one is tightened to 0600 at open.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -46,6 +67,12 @@ from ..logs import NULL_LOG, EventLog
 
 SCHEMA_VERSION = 1
 INLINE_OPS = 8  # a batch this small may be written on the loop when it is idle
+WAL_AUTOCHECKPOINT = 128  # pages (512 KiB at 4 KiB pages): sqlite's default is 1,000
+WAL_SIZE_LIMIT = 512 << 10  # bytes the WAL is truncated back to after a checkpoint
+FILE_MODE = 0o600  # the journal's files: task argv, env and results are private
+RETRY_INTERVAL = 1.0  # seconds between retries of failed must-land writes
+PROBE_INTERVAL = 5.0  # seconds between probes of a wedged journal with nothing to retry
+SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode (primary code) of "disk is full"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -175,14 +202,60 @@ def _task(blob: bytes) -> m.Task:
     return wire.decode_with(codec.task_from_wire, wire.unpack(blob))
 
 
+def _private_files(path: Path) -> None:
+    """Create the database file 0600 when missing, and tighten an existing database
+    and its WAL and shared-memory files (made by an older agent) to 0600. sqlite
+    creates the WAL and shared-memory files with the database's mode."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        try:
+            fd = os.open(f"{path}{suffix}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue
+        try:
+            if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
+                os.fchmod(fd, FILE_MODE)
+        finally:
+            os.close(fd)
+
+
+def _disk_full(e: BaseException) -> bool:
+    if isinstance(e, sqlite3.Error):
+        return (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF == SQLITE_FULL
+    return isinstance(e, OSError) and e.errno == errno.ENOSPC
+
+
+@attrs.frozen
+class Wedged:
+    """Why the journal cannot write, since when (wall clock), and failed attempts."""
+
+    error: str
+    since: float
+    disk_full: bool
+    failures: int = 1
+
+
+@attrs.define
+class _Attempt:
+    written: bool = False  # the ops are written (the sync may still fail)
+
+
 class Journal:
     def __init__(self, path: Path, log: EventLog = NULL_LOG, node: str = "") -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.log = log
         self.node = node
+        _private_files(path)
         # the writer's commits are synced by _sync_wal (see the module docstring)
         self._wconn = _connect(path, "NORMAL")
+        self._wconn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
+        self._wconn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         self._rconn = _connect(path)
         self._wal_path = Path(f"{path}-wal")
         self._wal_fd: int | None = None
@@ -205,6 +278,8 @@ class Journal:
         self.inline_commits = 0  # of which written on the idle loop, not in a thread
         self.ops_written = 0
         self.failures = 0
+        self.wedged: Wedged | None = None  # set while writes fail, cleared by one landing
+        self.full_checkpoints = 0  # wal_checkpoint(TRUNCATE) runs after SQLITE_FULL
         self._sync_wal()
         _fsync_dir(path.parent)  # the journal's files, when this call created them
 
@@ -253,7 +328,7 @@ class Journal:
         self._send.send_nowait(p)
         await p.done.wait()
         if p.error is not None and not must_land:
-            raise JournalError(str(p.error)) from p.error
+            raise JournalError(describe_error(p.error, self.path)) from p.error
 
     def enqueue(self, ops: Iterable[Op]) -> None:
         """Fire-and-forget write that must eventually land (state records)."""
@@ -263,14 +338,15 @@ class Journal:
         """The single writer: batches whatever is queued into one transaction."""
         task_status.started()
         while True:
-            if self._retry:
-                with trio.move_on_after(1.0):
-                    first = await self._recv.receive()
-                    batch = [first]
-                    self._drain_into(batch)
-                    await self._write_batch(batch)
-                    continue
-                await self._write_batch([])
+            if self._retry or self.wedged is not None:
+                # retry what must land every RETRY_INTERVAL, or probe a wedged journal
+                # every PROBE_INTERVAL; only the wait is cancelled, never a write
+                # (its waiters would hang)
+                batch = []
+                with trio.move_on_after(RETRY_INTERVAL if self._retry else PROBE_INTERVAL):
+                    batch.append(await self._recv.receive())
+                self._drain_into(batch)
+                await self._write_batch(batch)
                 continue
             first = await self._recv.receive()
             batch = [first]
@@ -285,49 +361,112 @@ class Journal:
                 return
 
     async def _write_batch(self, batch: list[_Pending]) -> None:
-        retry_ops = list(self._retry.values())
-        ops: list[Op] = retry_ops + [op for p in batch for op in p.ops]
-        if not ops:
+        """Write what must land again (if anything failed before), then the batch.
+
+        The retries go in their own transaction: after a full disk they may be many
+        large records, and a submission must not be refused for their size once its
+        own record fits. They are older than anything in the batch, and a batch that
+        lands supersedes them (newest record per key wins)."""
+        retried = False
+        if self._retry:
+            retried = True
+            if await self._attempt(list(self._retry.values()), []) is None:
+                self._retry.clear()
+        ops: list[Op] = [op for p in batch for op in p.ops]
+        if not ops and (retried or self.wedged is None):
             for p in batch:
                 p.done.set()
             return
-        written = False
-        try:
-            if trio.lowlevel.current_statistics().tasks_runnable == 0 and len(ops) <= INLINE_OPS:
-                # Nothing else is ready to run: write on the loop. Handing the write to a
-                # worker thread and back costs two thread wake-ups, ~0.4 ms on an idle
-                # VM (half an fsync), and that sat between every lone submission and
-                # its acknowledgement. Under load there are runnable tasks: a thread.
-                # Written first, then synced: the callbacks (a task's start) run in
-                # between, so a lone submission's process starts during the fsync.
-                self._write_sync(ops)
-                written = True
-                self._written(batch)
-                self._sync_wal()
-                self.inline_commits += 1
-            else:
-                await trio.to_thread.run_sync(self._write_and_sync, ops, abandon_on_cancel=False)
-                written = True
-                self._written(batch)
-        except (sqlite3.Error, OSError) as e:
-            self.failures += 1
-            # after `written`, the fsync failed: what it was to sync may never reach
-            # the disk, and the submitters whose tasks already started must undo them
-            what = "journal.sync_failed" if written else "journal.write_failed"
-            self.log.error(what, error=str(e), ops=len(ops))
-            for p in batch:
+        # no ops: a probe of a wedged journal (a tiny write) that clears it if it lands
+        err = await self._attempt(ops, batch)
+        if err is None:
+            for op in ops:
+                self._retry.pop(_retry_key(op), None)
+        for p in batch:
+            if err is not None:
                 if p.must_land:
                     for op in p.ops:
                         self._retry[_retry_key(op)] = op
                 else:
-                    p.error = e
-                p.done.set()
-            return
-        self._retry.clear()
+                    p.error = err
+            p.done.set()
+
+    async def _attempt(self, ops: list[Op], batch: list[_Pending]) -> BaseException | None:
+        """One transaction of `ops` (none: a probe), written and synced; the error when
+        it failed (logged, and the journal is wedged until a write lands)."""
+        attempt = _Attempt()
+        try:
+            try:
+                await self._write(ops, batch, attempt)
+            except sqlite3.Error as e:
+                # A full disk: the WAL may hold most of the space. Once its pages are in
+                # the database, a TRUNCATE checkpoint gives that space back; try again.
+                if attempt.written or not _disk_full(e) or not await self._checkpoint_truncate():
+                    raise
+                await self._write(ops, batch, attempt)
+        except (sqlite3.Error, OSError) as e:
+            self.failures += 1
+            self._wedge(e)
+            # after `written`, the fsync failed: what it was to sync may never reach
+            # the disk, and the submitters whose tasks already started must undo them
+            what = "journal.sync_failed" if attempt.written else "journal.write_failed"
+            failures = self.wedged.failures if self.wedged is not None else 1
+            # a submitter's write is always logged; retries and probes once a minute
+            if failures % 60 == 1 or any(not p.must_land for p in batch):
+                self.log.error(what, error=str(e), ops=len(ops), failures=failures)
+            return e
+        if self.wedged is not None:
+            self.log.info(
+                "journal.recovered", failures=self.wedged.failures, error=self.wedged.error
+            )
+            self.wedged = None
         self.commits += 1
         self.ops_written += len(ops)
-        for p in batch:
-            p.done.set()
+        return None
+
+    async def _write(self, ops: list[Op], batch: list[_Pending], attempt: _Attempt) -> None:
+        """Write and sync `ops` (no ops: a probe of a wedged journal), running the
+        batch's on_written callbacks in between."""
+        if trio.lowlevel.current_statistics().tasks_runnable == 0 and len(ops) <= INLINE_OPS:
+            # Nothing else is ready to run: write on the loop. Handing the write to a
+            # worker thread and back costs two thread wake-ups, ~0.4 ms on an idle
+            # VM (half an fsync), and that sat between every lone submission and
+            # its acknowledgement. Under load there are runnable tasks: a thread.
+            # Written first, then synced: the callbacks (a task's start) run in
+            # between, so a lone submission's process starts during the fsync.
+            self._write_sync(ops)
+            attempt.written = True
+            self._written(batch)
+            self._sync_wal()
+            self.inline_commits += 1
+        else:
+            await trio.to_thread.run_sync(self._write_and_sync, ops, abandon_on_cancel=False)
+            attempt.written = True
+            self._written(batch)
+
+    def _wedge(self, e: BaseException) -> None:
+        why, full = describe_error(e, self.path), _disk_full(e)
+        w = self.wedged
+        if w is None:
+            self.wedged = Wedged(why, time.time(), disk_full=full)
+        else:
+            self.wedged = attrs.evolve(w, error=why, disk_full=full, failures=w.failures + 1)
+
+    async def _checkpoint_truncate(self) -> bool:
+        """`wal_checkpoint(TRUNCATE)` after SQLITE_FULL: True when the WAL was emptied."""
+
+        def run() -> bool:
+            row = self._wconn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return row is not None and row[0] == 0
+
+        try:
+            done = await trio.to_thread.run_sync(run, abandon_on_cancel=False)
+        except sqlite3.Error as e:
+            self.log.warning("journal.full_checkpoint", result="failed", error=str(e))
+            return False
+        self.full_checkpoints += 1
+        self.log.warning("journal.full_checkpoint", result="ok" if done else "busy")
+        return done
 
     def _written(self, batch: list[_Pending]) -> None:
         for p in batch:
@@ -355,11 +494,17 @@ class Journal:
         os.fdatasync(self._wal_fd)
 
     def _write_sync(self, ops: list[Op]) -> None:
+        """One transaction of `ops`; none: a probe (one tiny row) of a wedged journal."""
         c = self._wconn
         c.execute("BEGIN IMMEDIATE")
         try:
             for op in ops:
                 self._apply(c, op)
+            if not ops:
+                c.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES('probe', ?)",
+                    (repr(time.time()),),
+                )
             c.execute("COMMIT")
         except BaseException:
             try:
@@ -500,6 +645,13 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def describe_error(e: BaseException, path: Path) -> str:
+    """One line for a failed journal write; a full disk names where space is needed."""
+    if _disk_full(e):
+        return f"no space left for the journal in {path.parent} ({e})"
+    return str(e)
 
 
 def _retry_key(op: Op) -> str:
