@@ -32,16 +32,17 @@ Small disks. sqlite checkpoints the WAL into the database only once it holds
 pages (4 MiB) the WAL alone filled a 2 MB state filesystem before its first
 checkpoint, and every later write (and the checkpoint on close) needed more room than
 there was, so the journal stayed full after space returned, across restarts too. So
-the writer checkpoints every WAL_AUTOCHECKPOINT pages (512 KiB) and truncates the WAL
-back to WAL_SIZE_LIMIT bytes after each, and a write that fails with SQLITE_FULL runs
+the WAL may take at most 1/WAL_DISK_SHARE of the state filesystem (`wal_pages`: 64
+pages, 256 KiB, on 2 MB; from 32 MB up sqlite's own 1,000 pages, as checkpointing
+more often costs fsyncs: every 128 pages cost ~20% of bench/submit.py's 8-client
+rate). The writer checkpoints at that size and cuts the WAL back to it after each
+checkpoint (journal_size_limit), and a write that fails with SQLITE_FULL runs
 `wal_checkpoint(TRUNCATE)` (which frees the WAL's space once its pages are in the
 database) and is tried once more. While writes fail the journal is `wedged` (shown by
 `swarm info`): the first write that lands clears it (state records are retried every
 RETRY_INTERVAL; with nothing to retry, a tiny probe write goes every PROBE_INTERVAL),
 so the agent takes work again without a restart. Retries go in a transaction of their
 own, before the new batch: a submission that fits is not refused for their size.
-Checkpointing about 8 times as often as sqlite's default did not measurably change
-lone commits (~0.3 ms) or bench/submit.py.
 
 Files are private: the database is created 0600 (sqlite gives its WAL and shared-memory
 files the database's mode) and an existing one is tightened to 0600 at open.
@@ -67,8 +68,9 @@ from ..logs import NULL_LOG, EventLog
 
 SCHEMA_VERSION = 1
 INLINE_OPS = 8  # a batch this small may be written on the loop when it is idle
-WAL_AUTOCHECKPOINT = 128  # pages (512 KiB at 4 KiB pages): sqlite's default is 1,000
-WAL_SIZE_LIMIT = 512 << 10  # bytes the WAL is truncated back to after a checkpoint
+WAL_MAX_PAGES = 1000  # sqlite's own autocheckpoint: what any real disk keeps
+WAL_MIN_PAGES = 32
+WAL_DISK_SHARE = 8  # the WAL may take at most 1/8 of the state filesystem
 FILE_MODE = 0o600  # the journal's files: task argv, env and results are private
 RETRY_INTERVAL = 1.0  # seconds between retries of failed must-land writes
 PROBE_INTERVAL = 5.0  # seconds between probes of a wedged journal with nothing to retry
@@ -224,6 +226,13 @@ def _private_files(path: Path) -> None:
             os.close(fd)
 
 
+def wal_pages(fs_bytes: int, page_size: int) -> int:
+    """Pages the WAL may grow to before a checkpoint (and is cut back to after one)
+    on a filesystem of `fs_bytes`: 1/WAL_DISK_SHARE of it, within
+    [WAL_MIN_PAGES, WAL_MAX_PAGES]."""
+    return max(WAL_MIN_PAGES, min(WAL_MAX_PAGES, fs_bytes // WAL_DISK_SHARE // page_size))
+
+
 def _disk_full(e: BaseException) -> bool:
     if isinstance(e, sqlite3.Error):
         return (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF == SQLITE_FULL
@@ -254,8 +263,11 @@ class Journal:
         _private_files(path)
         # the writer's commits are synced by _sync_wal (see the module docstring)
         self._wconn = _connect(path, "NORMAL")
-        self._wconn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
-        self._wconn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+        page = int(self._wconn.execute("PRAGMA page_size").fetchone()[0])
+        st = os.statvfs(path.parent)
+        self.wal_pages = wal_pages(st.f_blocks * st.f_frsize, page)
+        self._wconn.execute(f"PRAGMA wal_autocheckpoint={self.wal_pages}")
+        self._wconn.execute(f"PRAGMA journal_size_limit={self.wal_pages * page}")
         self._rconn = _connect(path)
         self._wal_path = Path(f"{path}-wal")
         self._wal_fd: int | None = None

@@ -81,13 +81,28 @@ def test_an_older_agents_loose_files_are_tightened(tmp_path: Path) -> None:
             assert _mode(p) == 0o600, p
 
 
-def test_the_wal_is_checkpointed_early_and_kept_small(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("fs_bytes", "pages"),
+    [
+        (2 << 20, 64),  # a 2 MB state filesystem: a 256 KiB WAL
+        (1 << 20, 32),  # never below WAL_MIN_PAGES
+        (16 << 20, 512),
+        (32 << 20, 1000),  # from 32 MB up: sqlite's own checkpoint rate
+        (1 << 40, 1000),
+    ],
+)
+def test_the_wal_takes_a_small_share_of_a_small_disk(fs_bytes: int, pages: int) -> None:
+    assert jmod.wal_pages(fs_bytes, 4096) == pages
+
+
+def test_the_writer_checkpoints_at_the_wal_budget(tmp_path: Path) -> None:
     j = Journal(tmp_path / "journal.db", node="n1")
     try:
         c = j._wconn
-        assert c.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == jmod.WAL_AUTOCHECKPOINT
-        assert c.execute("PRAGMA journal_size_limit").fetchone()[0] == jmod.WAL_SIZE_LIMIT
-        assert jmod.WAL_AUTOCHECKPOINT * 4096 <= jmod.WAL_SIZE_LIMIT <= 1 << 20
+        assert c.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == j.wal_pages
+        assert c.execute("PRAGMA journal_size_limit").fetchone()[0] == j.wal_pages * 4096
+        st = os.statvfs(tmp_path)
+        assert j.wal_pages == jmod.wal_pages(st.f_blocks * st.f_frsize, 4096)
     finally:
         j.close()
 
