@@ -34,11 +34,11 @@ checkpoint, and every later write (and the checkpoint on close) needed more room
 there was, so the journal stayed full after space returned, across restarts too. So
 the WAL may take at most 1/WAL_DISK_SHARE of the state filesystem (`wal_pages`: 64
 pages, 256 KiB, on 2 MB; from 32 MB up sqlite's own 1,000 pages, as checkpointing
-more often costs fsyncs: every 128 pages cost ~20% of bench/submit.py's 8-client
-rate). The writer checkpoints at that size and cuts the WAL back to it after each
-checkpoint (journal_size_limit), and a write that fails with SQLITE_FULL runs
-`wal_checkpoint(TRUNCATE)` (which frees the WAL's space once its pages are in the
-database) and is tried once more. While writes fail the journal is `wedged` (shown by
+more often costs fsyncs: at every 128 pages bench/submit.py's 8-client rate looked
+~20% lower, in noisy runs). The writer checkpoints at that size and cuts the WAL back
+to it after each checkpoint (journal_size_limit), and a write that fails with
+SQLITE_FULL runs `wal_checkpoint(TRUNCATE)` (which frees the WAL's space once its
+pages are in the database) and is tried once more. While writes fail the journal is `wedged` (shown by
 `swarm info`): the first write that lands clears it (state records are retried every
 RETRY_INTERVAL; with nothing to retry, a tiny probe write goes every PROBE_INTERVAL),
 so the agent takes work again without a restart. Retries go in a transaction of their
