@@ -38,10 +38,10 @@ more often costs fsyncs: at every 128 pages bench/submit.py's 8-client rate look
 ~20% lower, in noisy runs). The writer checkpoints at that size and cuts the WAL back
 to it after each checkpoint (journal_size_limit), and a write that fails with
 SQLITE_FULL runs `wal_checkpoint(TRUNCATE)` (which frees the WAL's space once its
-pages are in the database) and is tried once more. While writes fail the journal is `wedged` (shown by
-`swarm info`): the first write that lands clears it (state records are retried every
-RETRY_INTERVAL; with nothing to retry, a tiny probe write goes every PROBE_INTERVAL),
-so the agent takes work again without a restart. Retries go in a transaction of their
+pages are in the database) and is tried once more. While writes fail the journal is
+`wedged` (shown by `swarm info`): the first write that lands clears it (state records
+are retried every RETRY_INTERVAL; with nothing to retry, a tiny probe write goes every
+PROBE_INTERVAL), so the agent takes work again without a restart. Retries go in a transaction of their
 own, before the new batch: a submission that fits is not refused for their size.
 
 Files are private: the database is created 0600 (sqlite gives its WAL and shared-memory
