@@ -41,8 +41,9 @@ SQLITE_FULL runs `wal_checkpoint(TRUNCATE)` (which frees the WAL's space once it
 pages are in the database) and is tried once more. While writes fail the journal is
 `wedged` (shown by `swarm info`): the first write that lands clears it (state records
 are retried every RETRY_INTERVAL; with nothing to retry, a tiny probe write goes every
-PROBE_INTERVAL), so the agent takes work again without a restart. Retries go in a transaction of their
-own, before the new batch: a submission that fits is not refused for their size.
+PROBE_INTERVAL), so the agent takes work again without a restart. Retries go in a
+transaction of their own, before the new batch: a submission that fits is not refused
+for their size.
 
 Files are private: the database is created 0600 (sqlite gives its WAL and shared-memory
 files the database's mode) and an existing one is tightened to 0600 at open.
