@@ -130,11 +130,7 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="sw-mig-"))
     key = work / "cluster.key"
-    key.write_text(
-        subprocess.run(
-            [sys.executable, "-m", "swarm", "keygen"], check=True, capture_output=True, text=True
-        ).stdout
-    )
+    subprocess.run([sys.executable, "-m", "swarm", "keygen", "-o", str(key)], check=True)
     level = "info" if args.keep else "warning"
     common = [*AGENT_ARGS, "--keyring", str(key), "--slots", "64", "--log-level", level]
     p1 = LocalAgent(work, "p1", common).start()

@@ -83,7 +83,7 @@ install -d -m 0750 -o root -g swarm /etc/swarm
 
 # ------------------------------------------------------ keyring, config
 if [ ! -e /etc/swarm/keyring ]; then
-  (umask 077 && "$venv/bin/swarm" keygen > /etc/swarm/keyring.new && mv /etc/swarm/keyring.new /etc/swarm/keyring)
+  "$venv/bin/swarm" keygen -o /etc/swarm/keyring  # mode 0600; never replaces a key
   say "created /etc/swarm/keyring: copy this same file to every node of the cluster"
 fi
 chown root:root /etc/swarm/keyring

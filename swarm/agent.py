@@ -12,6 +12,7 @@ import random
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -22,6 +23,7 @@ from . import model as m
 from .config import Config, ConfigError
 from .crypto import Keyring, KeyringError
 from .logs import EventLog
+from .policy import feasible
 from .policy import gpu as gpupol
 from .policy import shares as sh
 from .policy import transfer as tr
@@ -54,7 +56,7 @@ def load_keyring(config: Config) -> Keyring | None:
             return None
         raise ConfigError(
             "keyring",
-            "no cluster key: give --keyring FILE (create one with `swarm keygen > FILE`), "
+            "no cluster key: give --keyring FILE (create one with `swarm keygen -o FILE`), "
             "or run with --insecure to send cluster traffic unencrypted",
         )
     try:
@@ -63,6 +65,40 @@ def load_keyring(config: Config) -> Keyring | None:
         raise ConfigError("keyring", str(e)) from None
     except OSError as e:
         raise ConfigError("keyring", f"cannot read {config.keyring}: {e.strerror}") from None
+
+
+AGENT_UMASK = 0o077  # the agent's files are private; tasks get TASK_UMASK (0022)
+
+
+def state_dir_mode(euid: int) -> int:
+    """The state dir's mode: a root agent's task users must traverse it to reach their
+    own task-state dir below it (0711: not listable); otherwise only the agent's user."""
+    return 0o711 if euid == 0 else 0o700
+
+
+def private_state_dir(state_dir: Path, log_dir: Path) -> list[tuple[str, str, int]]:
+    """Create the state dir (state_dir_mode) and its task-log dir (0700), and tighten
+    either when it exists with looser modes (an older agent made them 0755, its journal
+    and logs 0644, readable by every local user). Returns (old mode, path, new mode)
+    of what it tightened, for the log. The journal's own files are its business."""
+    changed: list[tuple[str, str, int]] = []
+    for path, mode in ((state_dir, state_dir_mode(os.geteuid())), (log_dir, 0o700)):
+        try:
+            path.mkdir(parents=True, mode=mode)
+            created = True
+        except FileExistsError:
+            created = False
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            old = os.fstat(fd).st_mode & 0o7777
+            if created and old != mode:  # mkdir's mode went through the umask
+                os.fchmod(fd, mode)
+            elif old & ~mode:  # looser than it should be (stricter is left alone)
+                os.fchmod(fd, old & mode)
+                changed.append((f"{old:04o}", str(path), old & mode))
+        finally:
+            os.close(fd)
+    return changed
 
 
 def transfer_config(profile: str) -> tr.TransferConfig:
@@ -87,7 +123,12 @@ class Agent:
             self.log.warning(
                 "agent.insecure", detail="cluster traffic is not encrypted (--insecure)"
             )
-        config.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            tightened = private_state_dir(config.state_dir, config.log_dir)
+        except OSError as e:
+            raise ConfigError("state-dir", f"{config.state_dir}: {e.strerror or e}") from None
+        for what, path, mode in tightened:
+            self.log.warning("agent.state_tightened", path=path, old=what, new=f"{mode:04o}")
         self.journal = Journal(config.journal_path, self.log, node=self.node)
         self.table = TaskTable(self.journal, self.node, self.log)
         self.executor = Executor(kill_grace=config.kill_grace, log=self.log)
@@ -188,6 +229,7 @@ class Agent:
         self.started_at = wall_now()
         self._kv_undrain = 0  # shares to restore on undrain
         self._shares_lock = trio.Lock()
+        self._submitting: set[m.TaskId] = set()  # chosen ids between check and journal
         self.accepting = False
         self._stop = trio.Event()
         self._outside_signal: int | None = None
@@ -482,8 +524,16 @@ class Agent:
                 n.start_soon(ask, node)
         return results[0] if results else None
 
-    async def _task(self, f: wire.Fields) -> m.Task:
-        tid = requests.check_task_id(f.str("id", required=True, max_len=64))
+    async def _task(self, f: wire.Fields, cred: PeerCred | None = None) -> m.Task:
+        tid = requests.check_task_id(f.str("id", required=True, max_len=m.MAX_TASK_ID_LEN))
+        if cred is not None and "~" not in tid and m.valid_client_task_id(tid):
+            # the caller's own chosen id, named without its owner part ("job1"), at the
+            # node it was submitted to
+            own = m.owned_task_id(tid, cred.uid, _user_name(cred.uid))
+            try:
+                return await self.table.get(own)
+            except UnknownTask:
+                pass
         return await self._find(tid)
 
     async def op_submit(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
@@ -495,13 +545,37 @@ class Agent:
         refusal = self.isolation.identities.submit_refusal(cred.uid, spec.user)
         if refusal is not None:
             raise RequestError("permission_denied", refusal)
-        existing = self.table.get_cached(spec.id)
-        if existing is not None:
-            if existing.spec.argv != spec.argv:
-                raise RequestError(
-                    "conflict", f"task id {spec.id} already used for another command"
-                )
-            return {"id": spec.id, "duplicate": True}
+        never = self._unsatisfiable(spec)
+        if never is not None:
+            raise RequestError("unsatisfiable", f"submit: {never}")
+        chosen = "~" in spec.id  # a client's own id (a generated one is new by chance)
+        if chosen:
+            dup = await self._resubmitted(spec, cred)
+            if dup is not None:
+                return dup
+            self._submitting.add(spec.id)
+        try:
+            return await self._accept(spec)
+        finally:
+            self._submitting.discard(spec.id)
+
+    def _unsatisfiable(self, spec: m.TaskSpec) -> str | None:
+        """Why no live member could ever run `spec` (policy.feasible, from the gossiped
+        capacities and our own); None while one might, or while we have seeds but
+        have not reached anyone yet (the members we do not know could fit it)."""
+        ms = self.cluster.membership
+        if ms is None or (self.cluster.seed_addrs and ms.num_live <= 1):
+            return None
+        s, view = self.coord.sample, self.coord.view
+        own = feasible.NodeCapacity(self.node, s.cpus, s.mem_total, self.coord.gpus.summary())
+        peers = (
+            None if (e := view.get(mb.node)) is None else feasible.NodeCapacity.of(e.report)
+            for mb in ms.alive_members()
+            if mb.node != self.node
+        )
+        return feasible.unsatisfiable(spec, own, peers)
+
+    async def _accept(self, spec: m.TaskSpec) -> dict[str, Any]:
         if testbreak.broken("drop-acked") and spec.id[-1] in "0123":  # TEST-ONLY: chaos self-test
             return {"id": spec.id}
         try:
@@ -519,6 +593,26 @@ class Agent:
             raise RequestError("journal", f"task not accepted: journal write failed: {e}") from None
         return {"id": spec.id}
 
+    async def _resubmitted(self, spec: m.TaskSpec, cred: PeerCred) -> dict[str, Any] | None:
+        """A chosen id seen before (in memory or in the journal: a record is never
+        overwritten by a new submission): the same submission again from its owner is
+        a duplicate; anything else is refused without saying what the record holds."""
+        try:
+            existing = await self.table.get(spec.id)
+        except UnknownTask:
+            if spec.id in self._submitting:
+                raise RequestError(
+                    "conflict", f"task id {spec.id} is being submitted already"
+                ) from None
+            return None
+        if existing.spec.uid != cred.uid:
+            # never the owner's: ids are namespaced by user name, so only a uid that
+            # lost its name (or a reused name) gets here; say nothing of the record
+            raise RequestError("conflict", f"task id {spec.id} is taken")
+        if not m.same_submission(existing.spec, spec):
+            raise RequestError("conflict", f"task id {spec.id} already used for another task")
+        return {"id": spec.id, "duplicate": True}
+
     async def _unaccept(self, tid: m.TaskId, why: str) -> None:
         """A submission whose record was written but not synced (the fsync failed) may
         be placed or running already: the submitter is told it was not accepted, so it
@@ -531,7 +625,7 @@ class Agent:
             await self.cancel_task(t, f"not accepted: {why}")
 
     async def op_status(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
-        t = await self._task(f)
+        t = await self._task(f, cred)
         f.done()
         self._authorize(t, cred)
         return {"task": codec.task_to_wire(t), "migrations": await self._migrations(t)}
@@ -570,7 +664,7 @@ class Agent:
         return {"tasks": [codec.task_to_wire(t) for t in tasks]}
 
     async def op_cancel(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
-        t = await self._task(f)
+        t = await self._task(f, cred)
         f.done()
         self._authorize(t, cred)
         if t.state.terminal and not t.spec.is_global:
@@ -625,7 +719,7 @@ class Agent:
         return {"task": codec.task_to_wire(t)}
 
     async def op_wait(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
-        t = await self._task(f)
+        t = await self._task(f, cred)
         timeout = f.float("timeout", None, lo=0.0)
         f.done()
         self._authorize(t, cred)
@@ -657,6 +751,8 @@ class Agent:
             "journal_commits": self.journal.commits,
             "journal_inline_commits": self.journal.inline_commits,
             "journal_ops": self.journal.ops_written,
+            # null while writes land; else why they fail, since when, how many failed
+            "journal_wedged": _attrs_dict(w) if (w := self.journal.wedged) else None,
             "retention": {
                 "keep_finished_s": self.retention.keep,
                 "forgotten": self.retention.forgotten,
@@ -698,7 +794,7 @@ class Agent:
         return {"nodes": out}
 
     async def op_explain(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
-        t = await self._task(f)
+        t = await self._task(f, cred)
         f.done()
         self._authorize(t, cred)
         if t.spec.home not in ("", self.node) and not t.spec.is_global:
@@ -791,7 +887,7 @@ class Agent:
         return {"shares": self.ledger.shares, "draining": self.ledger.draining}
 
     async def op_logs(self, f: wire.Fields, cred: PeerCred) -> AsyncIterator[dict[str, Any]]:
-        t = await self._task(f)
+        t = await self._task(f, cred)
         which = f.str("stream", "stdout")
         if which not in ("stdout", "stderr"):
             raise wire.SchemaError("logs: stream must be stdout or stderr")

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .client import AgentUnreachable, Client, ClientError, RequestFailed
-from .fmt import fmt_age, fmt_bytes, table_lines
+from .fmt import fmt_age, fmt_bytes, table_lines, term_safe
 from .paths import default_socket_path
 
 EXIT_OK = 0
@@ -34,6 +34,7 @@ _INVALID_CODES = {
     "version",
     "unknown_op",
     "conflict",
+    "unsatisfiable",
 }
 
 
@@ -44,7 +45,7 @@ class CliError(Exception):
 
 
 def _die(message: str, code: int) -> NoReturn:
-    print(f"swarm: {message}", file=sys.stderr)
+    print(f"swarm: {term_safe(message)}", file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -68,6 +69,11 @@ def _task_exit(task: dict[str, Any]) -> int:
     if code is not None:
         return int(code) if 0 <= int(code) <= 255 else 1
     return 1
+
+
+def _say(line: str) -> None:
+    """Print one line of human-readable output made from data: escaped (term_safe)."""
+    print(term_safe(line))
 
 
 def _table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
@@ -128,8 +134,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     import trio
 
-    from .agent import Agent
+    from .agent import AGENT_UMASK, Agent
 
+    os.umask(AGENT_UMASK)  # the journal, logs and state are private (tasks: TASK_UMASK)
     try:
         agent = Agent(config)
     except ConfigError as e:
@@ -285,7 +292,7 @@ def format_migration(mg: dict[str, Any]) -> str:
         parts.append(f"state {fmt_bytes(float(mg['bytes']))} in {secs:.3f}s{rate}")
     if mg.get("reason"):
         parts.append(f"why: {mg['reason']}")
-    return "  ".join(parts)
+    return term_safe("  ".join(parts))
 
 
 def format_status(t: dict[str, Any], migrations: list[dict[str, Any]] | None = None) -> str:
@@ -315,7 +322,7 @@ def format_status(t: dict[str, Any], migrations: list[dict[str, Any]] | None = N
     if migrations:
         lines.append("migrations:")
         lines += ["  " + format_migration(mg) for mg in migrations]
-    return "\n".join(lines)
+    return "\n".join(term_safe(ln) for ln in lines)  # each line from data, escaped
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -332,10 +339,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         for tid in args.ids:
             try:
                 r = c.cancel(tid)
-                print(f"{tid} {r['task']['state']}")
+                print(term_safe(f"{tid} {r['task']['state']}"))
             except RequestFailed as e:
                 if e.code == "finished":
-                    print(f"swarm: {e.message}", file=sys.stderr)
+                    print(f"swarm: {term_safe(e.message)}", file=sys.stderr)
                     return EXIT_FAILED
                 raise
     return EXIT_OK
@@ -347,7 +354,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
         for tid in args.ids:
             r = c.call("wait", id=tid, timeout=args.timeout)
             if r.get("timed_out"):
-                print(f"swarm: timed out waiting for {tid} ({r['task']['state']})", file=sys.stderr)
+                msg = f"timed out waiting for {tid} ({r['task']['state']})"
+                print(f"swarm: {term_safe(msg)}", file=sys.stderr)
                 return EXIT_FAILED
             code = _task_exit(r["task"])
             if args.json:
@@ -416,18 +424,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(json.dumps(r))
         return EXIT_OK
     t = r["task"]
-    print(f"{t['spec']['id']}: {t['state']} on {t.get('node') or '-'}")
+    _say(f"{t['spec']['id']}: {t['state']} on {t.get('node') or '-'}")
     if not r["decisions"]:
-        print("  no placement decisions recorded here")
+        _say("  no placement decisions recorded here")
     for d in r["decisions"]:
         at = time.strftime("%H:%M:%S", time.localtime(d.get("at", 0)))
         where = f" [{d['node']}]" if d.get("node") else ""
-        print(f"- {at}{where} {d.get('outcome', '')}")
+        _say(f"- {at}{where} {d.get('outcome', '')}")
         if d.get("summary"):
-            print(f"    {d['summary']}")
+            _say(f"    {d['summary']}")
         fig = d.get("figures")
         if d.get("kind") == "migration" and isinstance(fig, dict):
-            print(
+            _say(
                 f"    from {d.get('from')} to {d.get('target') or '-'}: remaining "
                 f"{fig.get('remaining')}s, slowdown {fig.get('slowdown_here')} here vs "
                 f"{fig.get('slowdown_there')} there, transfer {fig.get('transfer')}s at "
@@ -439,7 +447,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             score = cand.get("score")
             why = cand.get("why_not") or ""
             age = cand.get("age")
-            print(
+            _say(
                 f"    {cand['node']:<16} load {cand.get('load')!s:<10} "
                 f"age {'-' if age is None else f'{float(age):.1f}s':<7} "
                 f"score {'-' if score is None else score!s:<12} {why}"
@@ -470,15 +478,79 @@ def cmd_undrain(args: argparse.Namespace) -> int:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
+    import stat
+
     from .crypto import keygen_file_text
 
-    sys.stdout.write(keygen_file_text())
+    text = keygen_file_text()
+    if args.output is None:
+        # `swarm keygen > FILE`: the shell made FILE with its umask (often 0644)
+        try:
+            if stat.S_ISREG(os.fstat(sys.stdout.fileno()).st_mode):
+                os.fchmod(sys.stdout.fileno(), 0o600)
+        except (OSError, ValueError):
+            pass  # not a file we may change (or no descriptor): leave it be
+        sys.stdout.write(text)
+        return EXIT_OK
+    path = Path(args.output)
+    try:
+        write_private_file(path, text.encode(), replace=args.force)
+    except FileExistsError:
+        raise CliError(
+            f"keygen: {path} exists; not replacing a key (add --force to replace it)",
+            EXIT_FAILED,
+        ) from None
+    except OSError as e:
+        raise CliError(f"keygen: cannot write {path}: {e.strerror or e}", EXIT_FAILED) from None
+    print(f"wrote a new cluster key to {path} (mode 0600); copy it to every node", file=sys.stderr)
     return EXIT_OK
+
+
+def write_private_file(path: Path, data: bytes, *, replace: bool = False) -> None:
+    """Write `data` to a new file of mode 0600 (O_CREAT|O_EXCL, never through a
+    symlink), synced. With `replace`, an existing file is replaced atomically (a new
+    file renamed over it), so its old mode does not carry over."""
+    target = path
+    if replace:
+        path = path.with_name(f".{path.name}.{os.getpid()}.new")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        try:
+            os.fchmod(fd, 0o600)  # exactly 0600, whatever the umask
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if replace:
+            os.replace(path, target)
+    except BaseException:
+        if replace:
+            path.unlink(missing_ok=True)
+        else:
+            target.unlink(missing_ok=True)
+        raise
+    dfd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        print(json.dumps(c.info(), indent=2))
+        info = c.info()
+    print(json.dumps(info, indent=2))
+    wedged = info.get("journal_wedged")
+    if isinstance(wedged, dict):
+        since = wedged.get("since")
+        age = time.time() - since if isinstance(since, (int, float)) else None
+        print(
+            f"swarm: journal wedged for {fmt_age(age)} ({wedged.get('failures')} failed"
+            f" writes): {term_safe(wedged.get('error'))}; submissions are refused until it"
+            " can write again",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -511,16 +583,25 @@ def cmd_sim(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the argument (exit 2), not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        text = term_safe(f"{self.prog}: {message} (see {self.prog} --help)")
+        if len(text) > 300:
+            text = text[:299] + "…"
+        print(text, file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--socket",
         default=argparse.SUPPRESS,
         help="agent socket (env SWARM_SOCKET; default per user)",
     )
-    p = argparse.ArgumentParser(
-        prog="swarm", description="decentralized load-sharing agent", parents=[common]
-    )
+    p = _Parser(prog="swarm", description="decentralized load-sharing agent", parents=[common])
     p.add_argument("--version", action="version", version=f"swarm {__version__}")
     sub = p.add_subparsers(dest="command_name", metavar="COMMAND")
     sub.required = True
@@ -620,7 +701,13 @@ def build_parser() -> argparse.ArgumentParser:
     ud = add("undrain", cmd_undrain, "accept work again (the shares it had before drain)")
     ud.add_argument("--shares", type=int, help="set these shares instead")
 
-    add("keygen", cmd_keygen, "print a new cluster key file (first key encrypts, all decrypt)")
+    kg = add(
+        "keygen",
+        cmd_keygen,
+        "make a new cluster key file (first key encrypts, all decrypt): -o FILE, or stdout",
+    )
+    kg.add_argument("-o", "--output", metavar="FILE", help="write it to FILE, mode 0600")
+    kg.add_argument("--force", action="store_true", help="replace FILE if it exists")
 
     add("info", cmd_info, "show the local agent's status")
 
@@ -648,16 +735,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.fn(args))
     except CliError as e:
-        print(f"swarm: {e}", file=sys.stderr)
+        print(f"swarm: {term_safe(e)}", file=sys.stderr)
         return e.code
     except AgentUnreachable as e:
-        print(f"swarm: {e}", file=sys.stderr)
+        print(f"swarm: {term_safe(e)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except RequestFailed as e:
-        print(f"swarm: {e.message}", file=sys.stderr)
+        print(f"swarm: {term_safe(e.message)}", file=sys.stderr)
         return EXIT_USAGE if e.code in _INVALID_CODES else EXIT_FAILED
     except ClientError as e:
-        print(f"swarm: {e}", file=sys.stderr)
+        print(f"swarm: {term_safe(e)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

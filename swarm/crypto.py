@@ -90,7 +90,7 @@ def keygen_file_text() -> str:
         "#   1. add the new key as the second line on all nodes (reload: SIGHUP),\n"
         "#   2. move it to the first line on all nodes,\n"
         "#   3. remove the old key on all nodes.\n"
-        "# Keep this file private (mode 0600 or 0640, owner root or the swarm user).\n"
+        "# Keep this file private: mode 0600, owner root (a root agent refuses anything else).\n"
         f"{generate_key()}\n"
     )
 
@@ -155,13 +155,31 @@ class Keyring:
         return cls(tuple(keys), source, tuple(warnings))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, strict_mode: bool = False) -> Keyring:
-        """Read a key file. A file readable by group/others gets a warning in
-        `.warnings`, or a KeyringError with `strict_mode=True`."""
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        strict_mode: bool = False,
+        euid: int | None = None,
+    ) -> Keyring:
+        """Read a key file as an agent running as `euid` (default: this process's)
+        would. A file it must not trust (`key_file_refusal`) raises KeyringError; a
+        group-writable one gets a warning in `.warnings`, or a KeyringError with
+        `strict_mode=True`. The checks and the read use one descriptor."""
         p = Path(path)
         try:
-            st = p.stat()
-            data = p.read_bytes()
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise KeyringError(f"{p}: cannot read keyring: {e.strerror or e}") from None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                refusal = key_file_refusal(
+                    p, st.st_mode, st.st_uid, os.geteuid() if euid is None else euid
+                )
+                if refusal is not None:
+                    raise KeyringError(refusal)
+                data = f.read()
         except OSError as e:
             raise KeyringError(f"{p}: cannot read keyring: {e.strerror or e}") from None
         try:
@@ -177,12 +195,40 @@ class Keyring:
         return attrs.evolve(ring, warnings=(*ring.warnings, warning))
 
 
+def key_file_refusal(path: str | os.PathLike[str], mode: int, owner: int, euid: int) -> str | None:
+    """Why an agent running as `euid` must not use a key file with this mode and
+    owner (None: it may). Whoever can read the key can join the cluster and send
+    offers as any user, so a root agent takes only a file private to root (0600 or
+    stricter, owned by root: the socket group, whose members submit, must not read
+    it), and no agent takes one that others can access."""
+    mode = stat.S_IMODE(mode)
+    if euid == 0:
+        if owner != 0:
+            return (
+                f"{path}: key file is owned by uid {owner}, not root; a root agent refuses it:"
+                f" run: chown root:root {path} && chmod 0600 {path}"
+            )
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            return (
+                f"{path}: key file is accessible by group/others (mode {mode:04o});"
+                f" a root agent refuses it: run: chmod 0600 {path}"
+            )
+        return None
+    if mode & stat.S_IRWXO:
+        return (
+            f"{path}: key file is accessible by others (mode {mode:04o}); refused:"
+            f" run: chmod 0600 {path}"
+        )
+    return None
+
+
 def permission_warning(path: str | os.PathLike[str], mode: int) -> str | None:
-    """Group write or any access by others exposes the cluster key."""
+    """Group write exposes the cluster key to tampering (a non-root agent's file;
+    what an agent refuses outright is `key_file_refusal`)."""
     if mode & (stat.S_IRWXO | stat.S_IWGRP):
         return (
-            f"{path}: keyring is accessible by group/others (mode {stat.S_IMODE(mode):04o});"
-            " run: chmod 0600 (or 0640 for a swarm group)"
+            f"{path}: keyring is writable by group/others (mode {stat.S_IMODE(mode):04o});"
+            f" run: chmod 0600 {path} (or 0640 for a swarm group)"
         )
     return None
 
@@ -331,6 +377,20 @@ class Sealer:
         ).derive(key)
         return AESGCM(sub), False
 
+    def needs_derive(self, packet: bytes) -> bool:
+        """True if opening `packet` would first derive a subkey (HKDF): its key hint
+        matches a key of ours and its sender instance has never authenticated a packet
+        here (or was evicted from the cache). Cheap (no crypto): the transport asks
+        before it lets an unauthenticated source spend an HKDF (see
+        swarm.cluster.ratelimit.SourceLimiter)."""
+        if len(packet) < OVERHEAD:
+            return False
+        hint = bytes(packet[1 : 1 + HINT_SIZE])
+        instance = bytes(packet[1 + HINT_SIZE : 1 + HINT_SIZE + INSTANCE_SIZE])
+        return any(
+            fp[:HINT_SIZE] == hint and (fp, instance) not in self._aeads for fp, _ in self._keys
+        )
+
     def _remember(self, fp: bytes, instance: bytes, aead: AESGCM) -> None:
         self._aeads[(fp, instance)] = aead
         if len(self._aeads) > self.max_streams:
@@ -377,20 +437,6 @@ class Sealer:
                 continue
             aead, cached = self._aead(fp, key, instance)
             try:
-    def needs_derive(self, packet: bytes) -> bool:
-        """True if opening `packet` would first derive a subkey (HKDF): its key hint
-        matches a key of ours and its sender instance has never authenticated a packet
-        here (or was evicted from the cache). Cheap (no crypto): the transport asks
-        before it lets an unauthenticated source spend an HKDF (see
-        swarm.cluster.ratelimit.SourceLimiter)."""
-        if len(packet) < OVERHEAD:
-            return False
-        hint = bytes(packet[1 : 1 + HINT_SIZE])
-        instance = bytes(packet[1 + HINT_SIZE : 1 + HINT_SIZE + INSTANCE_SIZE])
-        return any(
-            fp[:HINT_SIZE] == hint and (fp, instance) not in self._aeads for fp, _ in self._keys
-        )
-
                 plaintext = aead.decrypt(nonce, body, ad)
             except InvalidTag:
                 continue

@@ -9,17 +9,40 @@ from __future__ import annotations
 import re
 
 from . import codec, wire
+from . import limits as lim
 from . import model as m
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
-_TASK_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-MAX_ARGV_BYTES = 1 << 20
+MAX_ARGV_BYTES = lim.MAX_ARGV_BYTES
+
+
+def _short(v: float) -> str:
+    """A bad number as an error message shows it: never hundreds of digits."""
+    if isinstance(v, int) and abs(v) >= 10**15:
+        return f"a {v.bit_length()}-bit integer"
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def check_task_id(value: object) -> str:
-    if not isinstance(value, str) or not _TASK_ID.match(value):
-        raise wire.SchemaError(f"invalid task id {value!r:.70}")
+    """A task id named in a request (any task's: generated, or namespaced)."""
+    if not m.valid_task_id(value):
+        raise wire.SchemaError(
+            f"invalid task id {value!r:.70}: ids start with a letter or digit and hold "
+            "only letters, digits, '_', '.', '-' (and '~owner' for a chosen id)"
+        )
+    assert isinstance(value, str)
+    return value
+
+
+def check_client_task_id(value: object) -> str:
+    """An id a submitter chooses: never a path, never "." or "..", no owner part."""
+    if not m.valid_client_task_id(value):
+        raise wire.SchemaError(
+            f"submit: invalid task id {value!r:.70}: an id starts with a letter or digit and "
+            "holds at most 64 letters, digits, '_', '.' or '-'"
+        )
+    assert isinstance(value, str)
     return value
 
 
@@ -39,9 +62,10 @@ def submit_spec(
         raise wire.SchemaError("submit: argv must not contain NUL bytes")
     if sum(len(a) for a in argv) > MAX_ARGV_BYTES:
         raise wire.SchemaError("submit: argv longer than 1 MiB")
-    task_id = f.str("id", None, max_len=64)
+    task_id = f.str("id", None, max_len=256)
     if task_id is not None:
-        check_task_id(task_id)
+        # namespaced by its owner: no two users' chosen ids can ever be the same task
+        task_id = m.owned_task_id(check_client_task_id(task_id), uid, user)
     else:
         task_id = m.new_task_id()
     env = f.str_map("env")
@@ -62,17 +86,19 @@ def submit_spec(
     if cwd is not None and not cwd.startswith("/"):
         raise wire.SchemaError(f"submit: cwd must be an absolute path, got {cwd!r:.70}")
     weight = f.float("weight", 1.0)
-    if not 0.0 < weight <= 1e6:
-        raise wire.SchemaError(f"submit: weight must be > 0 and <= 1e6, got {weight}")
+    if not 0.0 < weight <= lim.MAX_WEIGHT:
+        raise wire.SchemaError(f"submit: weight must be > 0 and <= 1e6, got {_short(weight)}")
     reserve = f.int("reserve_shares", 0)
-    if reserve < 0 or reserve > 1 << 31:
-        raise wire.SchemaError(f"submit: reserve_shares must be 0 or more, got {reserve}")
+    if reserve < 0 or reserve > lim.MAX_RESERVE_SHARES:
+        raise wire.SchemaError(
+            f"submit: reserve_shares must be 0 to {lim.MAX_RESERVE_SHARES}, got {_short(reserve)}"
+        )
     cpu = f.float("cpu", None)
-    if cpu is not None and not 0 < cpu <= 1e5:
-        raise wire.SchemaError(f"submit: cpu must be > 0 cores, got {cpu}")
+    if cpu is not None and not 0 < cpu <= lim.MAX_CPU:
+        raise wire.SchemaError(f"submit: cpu must be > 0 and <= 1e5 cores, got {_short(cpu)}")
     mem = f.int("mem", None)
-    if mem is not None and mem <= 0:
-        raise wire.SchemaError(f"submit: mem must be > 0 bytes, got {mem}")
+    if mem is not None and not 0 < mem <= lim.MAX_MEM:
+        raise wire.SchemaError(f"submit: mem must be > 0 and <= 1 EiB, got {_short(mem)} bytes")
     gpu = f.nested("gpu", codec.gpu_request_from_wire)
     if gpu is not None:
         from .policy import gpu as gpupol
@@ -83,8 +109,8 @@ def submit_spec(
             raise wire.SchemaError(f"submit: invalid GPU request: {e}") from None
     migrate = f.enum("migrate", m.MigrateMode, m.MigrateMode.NEVER)
     expected = f.float("expected_runtime", None)
-    if expected is not None and expected <= 0:
-        raise wire.SchemaError("submit: expected_runtime must be > 0 seconds")
+    if expected is not None and not 0 < expected <= lim.MAX_EXPECTED_RUNTIME:
+        raise wire.SchemaError("submit: expected_runtime must be > 0 and <= 1e9 seconds")
     spec = m.TaskSpec(
         id=task_id,
         argv=tuple(argv),

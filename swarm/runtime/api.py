@@ -116,7 +116,12 @@ class ApiServer:
         self._refusals_logged = float("-inf")  # trio time of the last "busy" log line
 
     async def _prepare_path(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        parent = self.path.parent
+        if not parent.is_dir():
+            # made here, not by systemd (RuntimeDirectory=): whoever may use the socket
+            # must reach it, whatever the agent's own umask (0077)
+            parent.mkdir(parents=True, exist_ok=True)
+            parent.chmod(0o755)
         if self.path.exists() or self.path.is_symlink():
             probe = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             try:

@@ -19,6 +19,7 @@ from swarm.crypto import (
     ReplayWindow,
     Sealer,
     generate_key,
+    key_file_refusal,
     keygen_file_text,
 )
 
@@ -105,19 +106,53 @@ def test_load_private_file_has_no_warning(tmp_path: Path) -> None:
     p = tmp_path / "keys"
     p.write_text(keygen_file_text())
     p.chmod(0o600)
-    assert Keyring.load(p).warnings == ()
-    p.chmod(0o640)
-    assert Keyring.load(p).warnings == ()
+    owner = p.stat().st_uid
+    assert Keyring.load(p, euid=owner).warnings == ()
+    p.chmod(0o640)  # a non-root agent may share the file with its group
+    assert Keyring.load(p, euid=owner if owner else 1000).warnings == ()
 
 
-def test_load_world_readable_warns_or_refuses(tmp_path: Path) -> None:
+def test_load_group_writable_warns_or_refuses(tmp_path: Path) -> None:
+    p = tmp_path / "keys"
+    p.write_text(keygen_file_text())
+    p.chmod(0o660)
+    r = Keyring.load(p, euid=1000)
+    assert len(r.warnings) == 1 and "0660" in r.warnings[0] and str(p) in r.warnings[0]
+    with pytest.raises(KeyringError, match="writable by group/others"):
+        Keyring.load(p, strict_mode=True, euid=1000)
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "euid", "refused"),
+    [
+        (0o600, 0, 0, None),
+        (0o400, 0, 0, None),
+        (0o640, 0, 0, "accessible by group/others (mode 0640)"),
+        (0o644, 0, 0, "accessible by group/others (mode 0644)"),
+        (0o604, 0, 0, "accessible by group/others"),
+        (0o600, 1000, 0, "owned by uid 1000, not root"),
+        (0o640, 0, 1000, None),  # root:swarm 0640 for an agent running as swarm
+        (0o600, 1000, 1000, None),
+        (0o644, 1000, 1000, "accessible by others (mode 0644)"),
+    ],
+)
+def test_key_file_refusal(mode: int, owner: int, euid: int, refused: str | None) -> None:
+    why = key_file_refusal("/etc/swarm/keyring", 0o100000 | mode, owner, euid)
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and refused in why
+        assert why.startswith("/etc/swarm/keyring: ") and "chmod 0600 /etc/swarm/keyring" in why
+
+
+def test_load_refuses_world_readable_file(tmp_path: Path) -> None:
     p = tmp_path / "keys"
     p.write_text(keygen_file_text())
     p.chmod(0o644)
-    r = Keyring.load(p)
-    assert len(r.warnings) == 1 and "0644" in r.warnings[0] and str(p) in r.warnings[0]
-    with pytest.raises(KeyringError, match="accessible by group/others"):
-        Keyring.load(p, strict_mode=True)
+    for euid in (0, 1000):
+        with pytest.raises(KeyringError, match="0644") as ei:
+            Keyring.load(p, euid=euid)
+        assert str(p) in str(ei.value)
 
 
 def test_keyring_rejects_bad_keys() -> None:

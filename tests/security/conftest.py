@@ -1,0 +1,131 @@
+"""Fixtures for the security regression tests (issue #17).
+
+Every test here runs against a real agent process started as root (as the system
+service is), with submitters that are real, unprivileged users created for the test
+run by `useradd` and removed afterwards. Clients act as those users by forking this
+test process and dropping privileges in the child (`as_user`): exec'ing the CLI as
+another user would need a Python that user can read.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pickle
+import pwd
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from swarm.localcluster import LocalAgent
+from tests.conftest import AgentFactory
+
+SOCKET_GROUP = "swsecgrp"
+USER_NAMES = ("swseca", "swsecb", "swsecc")
+
+
+@attrs.frozen
+class User:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]  # supplementary groups, the socket group included
+    home: str
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the agent switches users and the test acts as other users")
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def sec_users() -> Iterator[tuple[User, User, User]]:
+    """Three unprivileged users, all members of the socket group, created for this
+    run and removed after it (with their homes)."""
+    need_root()
+    if subprocess.run(["which", "useradd"], capture_output=True).returncode != 0:
+        pytest.skip("needs useradd")
+    made_group = False
+    made: list[str] = []
+    try:
+        try:
+            grp.getgrnam(SOCKET_GROUP)
+        except KeyError:
+            _run("groupadd", SOCKET_GROUP)
+            made_group = True
+        gid = grp.getgrnam(SOCKET_GROUP).gr_gid
+        users = []
+        for name in USER_NAMES:
+            try:
+                pwd.getpwnam(name)
+            except KeyError:
+                _run("useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name)
+                made.append(name)
+            pw = pwd.getpwnam(name)
+            os.chmod(pw.pw_dir, 0o700)
+            users.append(User(name, pw.pw_uid, pw.pw_gid, (pw.pw_gid, gid), pw.pw_dir))
+        yield users[0], users[1], users[2]
+    finally:
+        for name in made:
+            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+            subprocess.run(["userdel", "--remove", name], capture_output=True)
+        if made_group:
+            subprocess.run(["groupdel", SOCKET_GROUP], capture_output=True)
+
+
+class ChildError(Exception):
+    """What `fn` raised in the child, as "Type: message"."""
+
+
+def as_user(user: User, fn: Callable[[], Any]) -> Any:
+    """Run `fn` in a forked child with `user`'s credentials; return its result (or
+    raise ChildError with what it raised)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(r)
+        try:
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            os.chdir("/")
+            out: tuple[str, Any] = ("ok", fn())
+        except BaseException as e:
+            out = ("err", f"{type(e).__name__}: {e}")
+        try:
+            data = pickle.dumps(out)
+        except Exception as e:
+            data = pickle.dumps(("err", f"unpicklable result: {e!r}"))
+        os.write(w, data)
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(b"".join(chunks))
+    if kind == "err":
+        raise ChildError(value)
+    return value
+
+
+@pytest.fixture
+def root_agent(
+    make_agent: AgentFactory, short_tmp: Path, sec_users: tuple[User, User, User]
+) -> Callable[..., LocalAgent]:
+    """A root agent whose socket the test users (socket group members) may use."""
+    os.chmod(short_tmp, 0o755)  # other users must reach the socket's directory
+
+    def start(name: str = "s1", *args: str, **kw: Any) -> LocalAgent:
+        return make_agent(name, "--socket-group", SOCKET_GROUP, *args, **kw)
+
+    return start
