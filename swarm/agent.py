@@ -528,12 +528,17 @@ class Agent:
         tid = requests.check_task_id(f.str("id", required=True, max_len=m.MAX_TASK_ID_LEN))
         if cred is not None and "~" not in tid and m.valid_client_task_id(tid):
             # the caller's own chosen id, named without its owner part ("job1"), at the
-            # node it was submitted to
+            # node it was submitted to; the journal is read only for an id that does not
+            # look generated (`swarm wait tXXXX` must not pay a disk read for this)
             own = m.owned_task_id(tid, cred.uid, _user_name(cred.uid))
-            try:
-                return await self.table.get(own)
-            except UnknownTask:
-                pass
+            cached = self.table.get_cached(own)
+            if cached is not None:
+                return cached
+            if not m.GENERATED_TASK_ID.fullmatch(tid):
+                try:
+                    return await self.table.get(own)
+                except UnknownTask:
+                    pass
         return await self._find(tid)
 
     async def op_submit(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
@@ -563,6 +568,8 @@ class Agent:
         """Why no live member could ever run `spec` (policy.feasible, from the gossiped
         capacities and our own); None while one might, or while we have seeds but
         have not reached anyone yet (the members we do not know could fit it)."""
+        if spec.is_global or (spec.cpu is None and spec.mem is None and spec.gpu is None):
+            return None  # asks for nothing a node could lack (the common, fast case)
         ms = self.cluster.membership
         if ms is None or (self.cluster.seed_addrs and ms.num_live <= 1):
             return None

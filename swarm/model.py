@@ -26,6 +26,9 @@ def new_task_id() -> TaskId:
     return "t" + secrets.token_hex(8)
 
 
+GENERATED_TASK_ID = re.compile(r"t[0-9a-f]{16}")
+
+
 # A task id names files (logs/<id>.out, task-state/<id>) and a cgroup, so it must never
 # be a path: it starts with a letter or digit (so never "." or ".."), has no "/", and
 # is short. An id a client chose is namespaced by its owner ("job1~alice"), so two

@@ -42,6 +42,15 @@ ROOT_RESERVE = 256
 IDLE_TIMEOUT = 120.0
 
 
+@attrs.define(eq=False)
+class _Conn:
+    """An open submit-socket connection, as the idle sweep sees it."""
+
+    scope: trio.CancelScope
+    last: float  # trio time its last request finished (or it connected)
+    busy: bool = False  # a request is being served (a wait, a followed log)
+
+
 @attrs.frozen
 class PeerCred:
     pid: int
@@ -114,6 +123,7 @@ class ApiServer:
         self._open: dict[int, int] = {}  # uid -> connections open now
         self._open_users = 0  # connections of uids other than root and the agent's
         self._refusals_logged = float("-inf")  # trio time of the last "busy" log line
+        self._conns: set[_Conn] = set()  # open connections, for the idle sweep
 
     async def _prepare_path(self) -> None:
         parent = self.path.parent
@@ -158,6 +168,7 @@ class ApiServer:
             async with listener:
                 task_status.started()
                 async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._close_idle)
                     while True:
                         try:
                             stream = await listener.accept()
@@ -224,27 +235,44 @@ class ApiServer:
         async with stream:
             self.stats["connections"] += 1
             decoder = wire.FrameDecoder(self.max_frame)
-            try:
-                while True:
-                    data = b""
-                    with trio.move_on_after(self.idle_timeout) as idle:
+            # one cancel scope per connection, cancelled by _close_idle: a timeout
+            # around every receive would cost a scope on every request's path
+            with trio.CancelScope() as scope:
+                conn = _Conn(scope, trio.current_time())
+                self._conns.add(conn)
+                try:
+                    while True:
                         data = await stream.receive_some(65536)
-                    if idle.cancelled_caught:
-                        self.stats["idle_closed"] += 1
-                        return
-                    if not data:
-                        return
-                    try:
-                        reqs = decoder.feed(data)
-                    except wire.WireError as e:
-                        self.stats["bad_frames"] += 1
-                        self.log.info("api.bad_frame", error=str(e), uid=cred.uid)
-                        await _send(stream, _error(e.code, str(e)))
-                        return
-                    for req in reqs:
-                        await self._dispatch(stream, req, cred)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+                        if not data:
+                            return
+                        conn.busy = True
+                        try:
+                            reqs = decoder.feed(data)
+                        except wire.WireError as e:
+                            self.stats["bad_frames"] += 1
+                            self.log.info("api.bad_frame", error=str(e), uid=cred.uid)
+                            await _send(stream, _error(e.code, str(e)))
+                            return
+                        for req in reqs:
+                            await self._dispatch(stream, req, cred)
+                        conn.busy = False
+                        conn.last = trio.current_time()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                finally:
+                    self._conns.discard(conn)
+
+    async def _close_idle(self) -> None:
+        """Close connections idle between requests for idle_timeout (checked a few
+        times per timeout: a connection lives between 1 and 1.25 timeouts idle)."""
+        while True:
+            await trio.sleep(self.idle_timeout / 4)
+            now = trio.current_time()
+            for conn in list(self._conns):
+                if not conn.busy and now - conn.last >= self.idle_timeout:
+                    self._conns.discard(conn)
+                    self.stats["idle_closed"] += 1
+                    conn.scope.cancel()
 
     async def _dispatch(self, stream: trio.SocketStream, req: Any, cred: PeerCred) -> None:
         self.stats["requests"] += 1
