@@ -28,6 +28,7 @@ from .policy import gpu as gpupol
 from .policy import shares as sh
 from .policy import transfer as tr
 from .runtime import criu as criu_rt
+from .runtime import exechelper
 from .runtime import gpu as gpu_runtime
 from .runtime.api import ApiServer, Ops, PeerCred, RequestError
 from .runtime.cluster import ClusterNode, RemoteError
@@ -131,7 +132,9 @@ class Agent:
             self.log.warning("agent.state_tightened", path=path, old=what, new=f"{mode:04o}")
         self.journal = Journal(config.journal_path, self.log, node=self.node)
         self.table = TaskTable(self.journal, self.node, self.log)
-        self.executor = Executor(kill_grace=config.kill_grace, log=self.log)
+        self.executor = Executor(
+            kill_grace=config.kill_grace, log=self.log, exec_helper=self._exec_helper()
+        )
         self.ledger = sh.ShareLedger(config.shares)
         try:
             self.gpu_inventory = gpu_runtime.discover(config.gpus, config.node_id, nvml=config.nvml)
@@ -523,6 +526,21 @@ class Agent:
             for node in nodes[:256]:
                 n.start_soon(ask, node)
         return results[0] if results else None
+
+    def _exec_helper(self) -> Path | None:
+        """swarm-exec for starts as another user (a root agent only): built once per
+        version into a root-only cache shared by the host's agents."""
+        if os.geteuid() != 0:
+            return None
+        try:
+            helper = exechelper.build(exechelper.CACHE_DIR)
+        except exechelper.HelperUnavailable as e:
+            self.log.warning(
+                "executor.no_helper", reason=str(e), fallback="each start as a user forks"
+            )
+            return None
+        self.log.info("executor.helper", path=str(helper))
+        return helper
 
     async def _task(self, f: wire.Fields, cred: PeerCred | None = None) -> m.Task:
         tid = requests.check_task_id(f.str("id", required=True, max_len=m.MAX_TASK_ID_LEN))

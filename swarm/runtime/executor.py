@@ -136,6 +136,66 @@ class UserSwitch:
         self._r = self._w = -1
 
 
+class HelperStart:
+    """A start through swarm-exec (exechelper.py): the same order as UserSwitch, but
+    in a small compiled program started on the vfork path with an empty environment.
+    The task's environment goes through a memfd (argv is readable by every local
+    user in /proc); the helper's verdict comes back through a pipe that a successful
+    exec closes unread."""
+
+    def __init__(self, plan: ProcessPlan, helper: Path) -> None:
+        assert plan.uid is not None and plan.gid is not None
+        self.env_fd = os.memfd_create("swarm-env", os.MFD_CLOEXEC)
+        try:
+            data = b"".join(
+                os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in plan.env.items()
+            )
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.env_fd, view) :]
+            self.status_r, self.status_w = os.pipe()
+        except BaseException:
+            os.close(self.env_fd)
+            raise
+        groups = ",".join(str(g) for g in plan.groups or ()) or "-"
+        joins = [] if plan.cgroup_threads else [str(p) for p in plan.cgroup_procs]
+        self.argv = [
+            str(helper),
+            str(plan.uid),
+            str(plan.gid),
+            groups,
+            plan.cwd,
+            str(self.env_fd),
+            str(self.status_w),
+            *joins,
+            "--",
+            *plan.argv,
+        ]
+
+    def started(self) -> int:
+        """Popen returned: drop the child's ends; the status pipe's read end is the
+        caller's to await (helper_verdict) and close."""
+        os.close(self.env_fd)
+        os.close(self.status_w)
+        return self.status_r
+
+    def failed(self) -> None:
+        for fd in (self.env_fd, self.status_r, self.status_w):
+            os.close(fd)
+
+
+async def helper_verdict(fd: int) -> str | None:
+    """None once the task's own program has been exec'd; else the helper's reason."""
+    try:
+        await trio.lowlevel.wait_readable(fd)
+        data = os.read(fd, 8192)
+    except OSError as e:
+        data = f"cannot read the start's status: {e}".encode()
+    finally:
+        os.close(fd)
+    return data.decode(errors="replace") or None
+
+
 # Joins the cgroups named before "--", then execs the rest. A shell costs about a
 # millisecond; a Python preexec_fn forces fork() of the whole agent instead of vfork
 # (8 ms in a bare interpreter, tens of ms in a busy agent), on every task start. Used
@@ -260,6 +320,7 @@ class Spawn:
     logs: OpenLogs
     forks: bool
     switch: UserSwitch | None = None  # the task runs as another user
+    helper: HelperStart | None = None  # ... started through swarm-exec
 
 
 class Running:
@@ -274,6 +335,7 @@ class Running:
         self.terminating = False
         self.term_reason = ""
         self._kill_scope: trio.CancelScope | None = None
+        self.helper_status: int | None = None  # swarm-exec's status pipe, to await
 
     def signal(self, sig: int) -> bool:
         return kill_group(self.pid, sig)
@@ -295,9 +357,17 @@ class Running:
 
 
 class Executor:
-    def __init__(self, kill_grace: float = 10.0, log: EventLog = NULL_LOG) -> None:
+    def __init__(
+        self,
+        kill_grace: float = 10.0,
+        log: EventLog = NULL_LOG,
+        exec_helper: Path | None = None,
+    ) -> None:
         self.kill_grace = kill_grace
         self.log = log
+        # swarm-exec (exechelper.py): starts a task as another user on the vfork path;
+        # None: those starts fork the agent (UserSwitch), as safe and slower
+        self.exec_helper = exec_helper
         self.running: dict[str, Running] = {}
         # Tasks between run() and their process existing, and the reasons of
         # terminations asked for in that window: a shutdown or cancel that races
@@ -362,6 +432,24 @@ class Executor:
             return ProcessResult(None, None, spawn_error=f"cannot open log file: {e}")
         fast = spawn_argv(plan)
         switch: UserSwitch | None = None
+        helper: HelperStart | None = None
+        if fast is None and self.exec_helper is not None and plan.gid is not None:
+            try:
+                helper = HelperStart(plan, self.exec_helper)
+            except OSError as e:
+                close_logs((out, err))
+                return ProcessResult(None, None, spawn_error=f"cannot start process: {e}")
+            kwargs: dict[str, Any] = {"env": {}, "pass_fds": (helper.env_fd, helper.status_w)}
+            if plan.umask is not None:
+                kwargs["umask"] = plan.umask
+            kwargs.update(
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                close_fds=True,
+            )
+            return Spawn(plan, helper.argv, kwargs, (out, err), False, None, helper)
         if fast is not None:
             argv, kwargs = fast
             if _wrapper_joins(plan) and not _command_exists(plan):
@@ -392,7 +480,7 @@ class Executor:
     def _spawned(
         self, spawn: Spawn, popen: subprocess.Popen[Any] | BaseException
     ) -> Running | ProcessResult:
-        switched = spawn.switch is not None
+        switched = spawn.switch is not None or spawn.helper is not None
         why = None
         if spawn.switch is not None:
             if isinstance(popen, BaseException):
@@ -400,7 +488,12 @@ class Executor:
             spawn.switch.close()
         if not isinstance(popen, BaseException):
             close_logs(spawn.logs)  # the child has its own copies
-            return self._started(spawn.plan, Child(popen))
+            handle = self._started(spawn.plan, Child(popen))
+            if spawn.helper is not None:
+                handle.helper_status = spawn.helper.started()
+            return handle
+        if spawn.helper is not None:
+            spawn.helper.failed()
         msg = why or _spawn_error(spawn.plan, popen, switched=switched)
         try:  # where the task's own stderr would have gone
             os.write(spawn.logs[1], f"swarm: {msg}\n".encode())
@@ -421,6 +514,13 @@ class Executor:
         on_started: Callable[[int, float], Awaitable[None]] | None,
     ) -> ProcessResult:
         proc = handle.proc
+        if handle.helper_status is not None:
+            fd, handle.helper_status = handle.helper_status, None
+            why = await helper_verdict(fd)
+            if why is not None:  # the helper could not start the task: it has exited
+                await proc.wait()
+                self.running.pop(handle.task_id, None)
+                return ProcessResult(None, None, spawn_error=why, pid=proc.pid)
         try:
             doomed = self._doomed.pop(handle.task_id, None)
             if doomed is not None:  # terminated while it was being spawned
