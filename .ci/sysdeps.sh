@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the system tools that the root-only tests use (namespaces, nftables, tc,
-# systemd-nspawn). Best effort: without root or apt the tests that need them skip
+# systemd-nspawn, a C compiler). Best effort: without root or apt the tests that need them skip
 # with a stated reason.
 set -u
 need=()
@@ -9,6 +9,9 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 command -v systemd-nspawn >/dev/null 2>&1 || need+=(systemd-container)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# a C compiler: root agents build swarm-exec with it, and the security tests build a
+# preloaded library (without one, agents fall back to a slower start, tests skip)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "sysdeps: not root or no apt-get; tests needing ${need[*]} will skip" >&2
