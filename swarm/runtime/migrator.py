@@ -269,10 +269,13 @@ def _fsync_tree(root: Path) -> None:
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    os.lchown(root, uid, gid)
-    for dirpath, dirs, files in os.walk(root):
+    """Give a staged state tree to its task's user. Bottom-up, the root last: while a
+    path is changed, every directory above it is still the agent's, so the user cannot
+    swap a directory on the way for a symlink; lchown never follows the last one."""
+    for dirpath, dirs, files in os.walk(root, topdown=False):
         for name in dirs + files:
             os.lchown(os.path.join(dirpath, name), uid, gid)
+    os.lchown(root, uid, gid)
 
 
 def install_state(staging: Path, final: Path, owner: tuple[int, int] | None) -> None:
