@@ -433,24 +433,18 @@ class Executor:
         fast = spawn_argv(plan)
         switch: UserSwitch | None = None
         helper: HelperStart | None = None
+        env: dict[str, str] = dict(plan.env)
+        kwargs: dict[str, Any]
         if fast is None and self.exec_helper is not None and plan.gid is not None:
             try:
                 helper = HelperStart(plan, self.exec_helper)
             except OSError as e:
                 close_logs((out, err))
                 return ProcessResult(None, None, spawn_error=f"cannot start process: {e}")
-            kwargs: dict[str, Any] = {"env": {}, "pass_fds": (helper.env_fd, helper.status_w)}
-            if plan.umask is not None:
-                kwargs["umask"] = plan.umask
-            kwargs.update(
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                close_fds=True,
-            )
-            return Spawn(plan, helper.argv, kwargs, (out, err), False, None, helper)
-        if fast is not None:
+            # root starts it with an empty environment: the task's is in the memfd
+            argv, env = helper.argv, {}
+            kwargs = {"pass_fds": (helper.env_fd, helper.status_w)}
+        elif fast is not None:
             argv, kwargs = fast
             if _wrapper_joins(plan) and not _command_exists(plan):
                 # the wrapper would report this as "exit 127": say it plainly instead
@@ -470,12 +464,12 @@ class Executor:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
-            env=dict(plan.env),
+            env=env,
             start_new_session=True,
             close_fds=True,
         )
         forks = any(kwargs.get(k) is not None for k in _FORKING)
-        return Spawn(plan, argv, kwargs, (out, err), forks, switch)
+        return Spawn(plan, argv, kwargs, (out, err), forks, switch, helper)
 
     def _spawned(
         self, spawn: Spawn, popen: subprocess.Popen[Any] | BaseException

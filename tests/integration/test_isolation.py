@@ -12,7 +12,6 @@ from __future__ import annotations
 import grp
 import json
 import os
-import pickle
 import pwd
 import re
 import sys
@@ -27,6 +26,7 @@ from swarm.client import Client, RequestFailed
 from swarm.localcluster import LocalAgent
 from tests.conftest import AgentFactory
 from tests.integration.test_cluster import LOOP, all_see, wait_for
+from tests.users import ChildError, as_user
 
 pytestmark = pytest.mark.root
 
@@ -38,43 +38,6 @@ def _need_users() -> tuple[pwd.struct_passwd, pwd.struct_passwd, int]:
         return pwd.getpwnam("nobody"), pwd.getpwnam("daemon"), grp.getgrnam("users").gr_gid
     except KeyError as e:
         pytest.skip(f"needs the system users nobody and daemon and the group users ({e})")
-
-
-class ChildError(Exception):
-    """What `fn` raised in the child, as "Type: message"."""
-
-
-def as_user(uid: int, gid: int, groups: list[int], fn: Callable[[], Any]) -> Any:
-    """Run `fn` in a child process with these credentials; return its result (or
-    raise ChildError with what it raised)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(r)
-        try:
-            os.setgroups(groups)
-            os.setgid(gid)
-            os.setuid(uid)
-            os.chdir("/")
-            out: tuple[str, Any] = ("ok", fn())
-        except BaseException as e:
-            out = ("err", f"{type(e).__name__}: {e}")
-        try:
-            data = pickle.dumps(out)
-        except Exception as e:
-            data = pickle.dumps(("err", f"unpicklable result: {e!r}"))
-        os.write(w, data)
-        os._exit(0)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(b"".join(chunks))
-    if kind == "err":
-        raise ChildError(value)
-    return value
 
 
 def _agent(make_agent: AgentFactory, short_tmp: Path, *args: str) -> LocalAgent:

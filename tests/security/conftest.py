@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import grp
 import os
-import pickle
 import pwd
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ import pytest
 
 from swarm.localcluster import LocalAgent
 from tests.conftest import AgentFactory
+from tests.users import ChildError as ChildError
+from tests.users import as_user as run_as
 
 SOCKET_GROUP = "swsecgrp"
 USER_NAMES = ("swseca", "swsecb", "swsecc")
@@ -81,41 +84,21 @@ def sec_users() -> Iterator[tuple[User, User, User]]:
             subprocess.run(["groupdel", SOCKET_GROUP], capture_output=True)
 
 
-class ChildError(Exception):
-    """What `fn` raised in the child, as "Type: message"."""
-
-
 def as_user(user: User, fn: Callable[[], Any]) -> Any:
     """Run `fn` in a forked child with `user`'s credentials; return its result (or
     raise ChildError with what it raised)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(r)
-        try:
-            os.setgroups(list(user.groups))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            os.chdir("/")
-            out: tuple[str, Any] = ("ok", fn())
-        except BaseException as e:
-            out = ("err", f"{type(e).__name__}: {e}")
-        try:
-            data = pickle.dumps(out)
-        except Exception as e:
-            data = pickle.dumps(("err", f"unpicklable result: {e!r}"))
-        os.write(w, data)
-        os._exit(0)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(b"".join(chunks))
-    if kind == "err":
-        raise ChildError(value)
-    return value
+    return run_as(user.uid, user.gid, list(user.groups), fn)
+
+
+@pytest.fixture
+def world_dir() -> Iterator[Path]:
+    """A directory every test user can reach and write (like /tmp)."""
+    d = Path(tempfile.mkdtemp(prefix="swsec-"))
+    os.chmod(d, 0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -12,9 +12,8 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +41,6 @@ def _submit_wait(sock: Path, argv: list[str], **kw: Any) -> Callable[[], dict[st
         return {"id": tid, "task": task, "out": out, "err": err}
 
     return go
-
-
-@pytest.fixture
-def world_dir() -> Iterator[Path]:
-    """A directory every test user can reach and write (like /tmp)."""
-    d = Path(tempfile.mkdtemp(prefix="swsec-"))
-    os.chmod(d, 0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 # ------------------------------------------------------------ 1. the loader

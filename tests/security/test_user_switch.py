@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,27 +32,17 @@ def executor(request: pytest.FixtureRequest) -> Executor:
     return Executor(kill_grace=2, exec_helper=helper)
 
 
-@pytest.fixture
-def world() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="swsw-"))
-    os.chmod(d, 0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def _run(
-    ex: Executor, user: User, world: Path, argv: list[str], **kw: object
+    ex: Executor, user: User, world_dir: Path, argv: list[str], **kw: object
 ) -> tuple[ProcessResult, str, str]:
-    out, err = world / "out", world / "err"
+    out, err = world_dir / "out", world_dir / "err"
     for p in (out, err):
         p.unlink(missing_ok=True)
     fields: dict[str, object] = {
         "task_id": "t1",
         "argv": tuple(argv),
         "env": {"PATH": "/usr/bin:/bin"},
-        "cwd": str(world),
+        "cwd": str(world_dir),
         "stdout": out,
         "stderr": err,
         "uid": user.uid,
@@ -69,14 +57,14 @@ def _run(
 
 
 def test_the_task_is_the_user_in_its_directory_with_its_environment(
-    executor: Executor, sec_users: tuple[User, User, User], world: Path
+    executor: Executor, sec_users: tuple[User, User, User], world_dir: Path
 ) -> None:
     alice = sec_users[0]
     script = 'id -u; id -g; id -G; pwd; echo "$FOO"; umask'
     r, out, err = _run(
         executor,
         alice,
-        world,
+        world_dir,
         ["sh", "-c", script],
         env={"PATH": "/usr/bin:/bin", "FOO": "bar baz\nqux"},
     )
@@ -84,35 +72,35 @@ def test_the_task_is_the_user_in_its_directory_with_its_environment(
     lines = out.splitlines()
     assert lines[0] == str(alice.uid) and lines[1] == str(alice.gid)
     assert sorted(lines[2].split()) == sorted(str(g) for g in set(alice.groups))
-    assert lines[3] == str(world)
+    assert lines[3] == str(world_dir)
     assert lines[4:6] == ["bar baz", "qux"]  # the value as given, newline and all
     assert lines[6] == "0022"
 
 
 def test_a_preloaded_library_only_ever_runs_as_the_user(
-    executor: Executor, sec_users: tuple[User, User, User], world: Path
+    executor: Executor, sec_users: tuple[User, User, User], world_dir: Path
 ) -> None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("needs a C compiler to build the preloaded library")
     alice = sec_users[0]
-    (world / "evil.c").write_text(EVIL_C)
-    lib, uids = world / "evil.so", world / "uids"
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(world / "evil.c")], check=True)
+    (world_dir / "evil.c").write_text(EVIL_C)
+    lib, uids = world_dir / "evil.so", world_dir / "uids"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(world_dir / "evil.c")], check=True)
     env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(lib), "EVIL_OUT": str(uids)}
-    r, _, err = _run(executor, alice, world, ["true"], env=env)
+    r, _, err = _run(executor, alice, world_dir, ["true"], env=env)
     assert r.ok, (r, err)
     assert set(uids.read_text().split()) == {str(alice.uid)}
 
 
 def test_a_directory_the_user_cannot_enter_fails_the_start(
-    executor: Executor, sec_users: tuple[User, User, User], world: Path
+    executor: Executor, sec_users: tuple[User, User, User], world_dir: Path
 ) -> None:
     alice = sec_users[0]
-    inner = world / "priv" / "inner"
+    inner = world_dir / "priv" / "inner"
     inner.mkdir(parents=True)
-    os.chmod(world / "priv", 0o700)
-    r, out, _ = _run(executor, alice, world, ["pwd"], cwd=str(inner))
+    os.chmod(world_dir / "priv", 0o700)
+    r, out, _ = _run(executor, alice, world_dir, ["pwd"], cwd=str(inner))
     assert r.spawn_error is not None and out == ""
     assert r.spawn_error.startswith(f"cannot enter working directory {inner}: Permission denied")
     # the same answer for a command that exists and one that does not
@@ -120,24 +108,25 @@ def test_a_directory_the_user_cannot_enter_fails_the_start(
     tool.write_text("#!/bin/sh\necho ran\n")
     os.chmod(tool, 0o755)
     for path in (tool, inner / "missing"):
-        r, _, _ = _run(executor, alice, world, [str(path)])
+        r, _, _ = _run(executor, alice, world_dir, [str(path)])
         assert r.spawn_error == f"permission denied: {path}", r
-    r, _, _ = _run(executor, alice, world, ["no-such-command-x"])
+    r, _, _ = _run(executor, alice, world_dir, ["no-such-command-x"])
     assert r.spawn_error == "command not found: no-such-command-x"
 
 
 def test_the_cgroup_is_joined_before_the_switch(
-    executor: Executor, sec_users: tuple[User, User, User], world: Path
+    executor: Executor, sec_users: tuple[User, User, User], world_dir: Path
 ) -> None:
     """cgroup.procs files belong to root: the join happens before the switch (a plain
     root-only file stands in for the kernel's; the pid it receives is the task's)."""
     alice = sec_users[0]
-    procs = world / "cgroup.procs"
+    procs = world_dir / "cgroup.procs"
     procs.write_text("")
     os.chmod(procs, 0o600)
-    r, out, _ = _run(executor, alice, world, ["sh", "-c", "echo $$"], cgroup_procs=(procs,))
+    r, out, _ = _run(executor, alice, world_dir, ["sh", "-c", "echo $$"], cgroup_procs=(procs,))
     assert r.ok, r
     assert procs.read_text().strip() == out.strip() == str(r.pid)
-    r, _, _ = _run(executor, alice, world, ["true"], cgroup_procs=(world / "nope" / "procs",))
+    gone = world_dir / "nope" / "procs"
+    r, _, _ = _run(executor, alice, world_dir, ["true"], cgroup_procs=(gone,))
     assert r.spawn_error is not None
     assert r.spawn_error.startswith("cannot put the process in its cgroup")
