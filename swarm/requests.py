@@ -24,25 +24,22 @@ def _short(v: float) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
+_ID_RULE = "starts with a letter or digit and holds at most 64 letters, digits, '_', '.', '-'"
+
+
 def check_task_id(value: object) -> str:
     """A task id named in a request (any task's: generated, or namespaced)."""
-    if not m.valid_task_id(value):
-        raise wire.SchemaError(
-            f"invalid task id {value!r:.70}: ids start with a letter or digit and hold "
-            "only letters, digits, '_', '.', '-' (and '~owner' for a chosen id)"
-        )
-    assert isinstance(value, str)
-    return value
+    return _checked_id(value, m.valid_task_id(value), "", " (then '~owner' for a chosen id)")
 
 
 def check_client_task_id(value: object) -> str:
     """An id a submitter chooses: never a path, never "." or "..", no owner part."""
-    if not m.valid_client_task_id(value):
-        raise wire.SchemaError(
-            f"submit: invalid task id {value!r:.70}: an id starts with a letter or digit and "
-            "holds at most 64 letters, digits, '_', '.' or '-'"
-        )
-    assert isinstance(value, str)
+    return _checked_id(value, m.valid_client_task_id(value), "submit: ", "")
+
+
+def _checked_id(value: object, ok: bool, where: str, more: str) -> str:
+    if not ok or not isinstance(value, str):
+        raise wire.SchemaError(f"{where}invalid task id {value!r:.70}: an id {_ID_RULE}{more}")
     return value
 
 

@@ -1,8 +1,8 @@
 """Pure admission policies for unauthenticated network input (issue 17, items 7 and 10).
 
-Nothing here does I/O or reads a clock: every decision takes `now` (seconds, any
-monotonic origin). The transport (`swarm.runtime.net`) asks before it spends work on
-bytes it has not authenticated yet:
+Nothing here does I/O or reads a clock: every decision takes `now` (seconds from any
+fixed origin). The agent's transport asks before it spends work on bytes it has not
+authenticated yet:
 
 * `SourceLimiter`: per-source token buckets plus one shared bucket, for the costly
   step of opening a packet from a sender instance not seen before (an HKDF key

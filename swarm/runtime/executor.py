@@ -268,10 +268,6 @@ def kill_orphan(pid: int, create_time: float) -> bool:
     return kill_group(pid, _signal.SIGKILL)
 
 
-# Popen arguments that make CPython fork instead of vfork
-_FORKING = ("preexec_fn", "user", "group", "extra_groups")
-
-
 class Child:
     """A spawned task process, awaited through a pidfd on trio's loop.
 
@@ -318,9 +314,13 @@ class Spawn:
     argv: list[str]
     kwargs: dict[str, Any]
     logs: OpenLogs
-    forks: bool
-    switch: UserSwitch | None = None  # the task runs as another user
-    helper: HelperStart | None = None  # ... started through swarm-exec
+    switch: UserSwitch | None = None  # the task runs as another user, via a fork
+    helper: HelperStart | None = None  # ... started through swarm-exec (vfork)
+
+    @property
+    def forks(self) -> bool:
+        """Does starting it fork the agent (a preexec_fn: CPython cannot vfork then)?"""
+        return self.switch is not None
 
 
 class Running:
@@ -398,8 +398,8 @@ class Executor:
         """Start a claimed task's process right now, on the loop (the vfork path costs
         ~0.3 ms), for callers that must not wait for a scheduler pass; then `watch` it.
         `logs`: the plan's stdout/stderr, already open (they are closed here). A
-        ProcessResult: it did not start. A Spawn: starting it forks the agent (a
-        preexec_fn, or a user switch without setpriv): `start_in_thread` does that."""
+        ProcessResult: it did not start. A Spawn: starting it forks the agent (a user
+        switch without swarm-exec): `start_in_thread` does that."""
         spawn = self._prepare(plan, logs)
         if isinstance(spawn, ProcessResult) or spawn.forks:
             return spawn
@@ -468,8 +468,7 @@ class Executor:
             start_new_session=True,
             close_fds=True,
         )
-        forks = any(kwargs.get(k) is not None for k in _FORKING)
-        return Spawn(plan, argv, kwargs, (out, err), forks, switch, helper)
+        return Spawn(plan, argv, kwargs, (out, err), switch, helper)
 
     def _spawned(
         self, spawn: Spawn, popen: subprocess.Popen[Any] | BaseException
