@@ -42,6 +42,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check swarm tests bench chaos
 	$(VENV)/bin/ruff format --check swarm tests bench chaos
 	$(VENV)/bin/mypy
+	$(VENV)/bin/python -m pytest -q tests/unit/test_layers.py
 
 # Benchmarks print figures and write bench/results/*.json (docs/benchmarks.md has the
 # latest figures). `make bench` runs them all except the 5,000-node gossip run (~30 min);

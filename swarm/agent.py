@@ -10,7 +10,7 @@ import os
 import pwd
 import random
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import trio
 
-from . import __version__, codec, requests, testbreak, wire
+from . import __version__, codec, request_checks, testbreak, wire
 from . import model as m
 from .config import Config, ConfigError
 from .crypto import Keyring, KeyringError
@@ -31,21 +31,21 @@ from .runtime import criu as criu_rt
 from .runtime import exechelper
 from .runtime import gpu as gpu_runtime
 from .runtime.api import ApiServer, Ops, PeerCred, RequestError
-from .runtime.cluster import ClusterNode, RemoteError
 from .runtime.coordinator import Coordinator
 from .runtime.executor import Executor, ProcessPlan, kill_orphan
 from .runtime.isolation import Identities, IsolationError, TaskIsolation
 from .runtime.isolation import detect as detect_cgroups
 from .runtime.journal import DelKV, DelProc, Event, Journal, JournalError, PutKV
+from .runtime.logread import read_log
 from .runtime.metrics import MetricsServer
 from .runtime.migrator import Migrator, settings_for
 from .runtime.net import TransportError
 from .runtime.notify import Notifier
+from .runtime.peers import ClusterNode, RemoteError
 from .runtime.retention import Retention
 from .runtime.runner import LocalRunner, PlanRefused
 from .runtime.tasks import TaskTable, UnknownTask, wall_now
 
-LOG_CHUNK = 64 * 1024
 SHARES_KEY = "shares"
 UNDRAIN_KEY = "undrain_shares"
 
@@ -543,7 +543,7 @@ class Agent:
         return helper
 
     async def _task(self, f: wire.Fields, cred: PeerCred | None = None) -> m.Task:
-        tid = requests.check_task_id(f.str("id", required=True, max_len=m.MAX_TASK_ID_LEN))
+        tid = request_checks.check_task_id(f.str("id", required=True, max_len=m.MAX_TASK_ID_LEN))
         if cred is not None and "~" not in tid and m.valid_client_task_id(tid):
             # the caller's own chosen id, named without its owner part ("job1"), at the
             # node it was submitted to; the journal is read only for an id that does not
@@ -562,7 +562,7 @@ class Agent:
     async def op_submit(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         if not self.accepting:
             raise RequestError("unavailable", "agent is shutting down; not accepting tasks")
-        spec = requests.submit_spec(
+        spec = request_checks.submit_spec(
             f, uid=cred.uid, user=_user_name(cred.uid), home=self.node, now=wall_now()
         )
         refusal = self.isolation.identities.submit_refusal(cred.uid, spec.user)
@@ -734,7 +734,7 @@ class Agent:
     async def rpc_cancel(
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
     ) -> dict[str, Any]:
-        tid = requests.check_task_id(req.get("id"))
+        tid = request_checks.check_task_id(req.get("id"))
         try:
             t = await self.table.get(tid)
         except UnknownTask:
@@ -850,7 +850,7 @@ class Agent:
     async def rpc_explain(
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
     ) -> dict[str, Any]:
-        tid = requests.check_task_id(req.get("id"))
+        tid = request_checks.check_task_id(req.get("id"))
         if req.get("local"):
             return {"decisions": await self._explain(tid)}
         try:
@@ -963,46 +963,6 @@ class Agent:
                 yield part
                 if not part.get("more"):
                     return
-
-
-async def read_log(
-    path: os.PathLike[str],
-    offset: int,
-    follow: bool,
-    current: Callable[[], Awaitable[m.Task | None]],
-    table: TaskTable,
-) -> AsyncIterator[dict[str, Any]]:
-    """Stream a log file from `offset`; with follow, until the task ends and EOF is read."""
-    while True:
-        data = b""
-        try:
-            async with await trio.open_file(path, "rb") as fh:
-                await fh.seek(offset)
-                data = await fh.read(LOG_CHUNK)
-        except FileNotFoundError:
-            data = b""
-        if data:
-            offset += len(data)
-            yield {"more": True, "data": data, "offset": offset}
-            continue
-        if not follow:
-            break
-        task = await current()
-        if task is None or task.state.terminal or task.node not in ("", table.node):
-            # one last read: output written just before exit
-            try:
-                async with await trio.open_file(path, "rb") as fh:
-                    await fh.seek(offset)
-                    rest = await fh.read()
-            except FileNotFoundError:
-                rest = b""
-            if rest:
-                offset += len(rest)
-                yield {"more": True, "data": rest, "offset": offset}
-            break
-        with trio.move_on_after(0.1):
-            await table.wait_change(task.id)
-    yield {"more": False, "offset": offset, "eof": True}
 
 
 def _attrs_dict(obj: Any) -> dict[str, Any]:

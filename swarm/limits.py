@@ -1,6 +1,6 @@
 """Bounds of a submit request's numeric and size fields (shared by agent and client).
 
-The agent checks them in swarm.requests; the client checks the same ones before it
+The agent checks them in swarm.request_checks; the client checks the same ones before it
 sends (swarm.client), so a value that cannot even be encoded (an integer past 64 bits,
 a request over the frame limit) is named as a field, never a traceback. Light to
 import: constants only.

@@ -316,16 +316,6 @@ def decode_with(decode: Callable[[Any], T], obj: Any) -> T:
         raise SchemaError(f"invalid value: {type(e).__name__}: {e}") from None
 
 
-def __getattr__(name: str) -> Any:
-    """Model codecs live in swarm.codec (kept importable from here for convenience);
-    loading them lazily keeps the CLI's start-up light."""
-    if name.endswith(("_to_wire", "_from_wire")):
-        from . import codec
-
-        return getattr(codec, name)
-    raise AttributeError(name)
-
-
 def as_map(obj: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(obj, dict):
         raise SchemaError(f"{what}: expected a map, got {type(obj).__name__}")

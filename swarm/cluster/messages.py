@@ -152,7 +152,7 @@ class Packet:
 # ---------------------------------------------------------- compact records
 
 # Load reports travel often, so their keys are shortened and default values left out.
-# Decoding maps the short keys back and runs the shared schema (wire.load_report_from_wire).
+# Decoding maps the short keys back and runs the shared schema (codec.load_report_from_wire).
 _LOAD_SHORT: Mapping[str, str] = {
     "node": "n",
     "version": "v",

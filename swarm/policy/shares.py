@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from swarm import wire
+from swarm import codec, wire
 from swarm.model import DEFAULT_SHARES, LoadReport, NodeId, TaskId, TaskSpec
 
 from .load import load_index, projected_load
@@ -240,7 +240,7 @@ class ShareLedger:
 
 
 def _spec_key(spec: TaskSpec) -> bytes:
-    return wire.pack(wire.task_spec_to_wire(spec))
+    return wire.pack(codec.task_spec_to_wire(spec))
 
 
 MAX_GLOBAL_ITEMS = 100_000
@@ -291,7 +291,7 @@ class GlobalTasks:
     def to_wire(self) -> dict[str, Any]:
         return {
             "v": wire.PROTOCOL_VERSION,
-            "adds": [wire.task_spec_to_wire(s) for _, s in sorted(self.adds.items())],
+            "adds": [codec.task_spec_to_wire(s) for _, s in sorted(self.adds.items())],
             "removed": sorted(self.removed),
         }
 
@@ -307,7 +307,7 @@ class GlobalTasks:
             raise wire.SchemaError(f"global tasks: more than {MAX_GLOBAL_ITEMS} adds")
         adds: dict[TaskId, TaskSpec] = {}
         for raw in raw_adds:
-            spec = wire.decode_with(wire.task_spec_from_wire, raw)
+            spec = wire.decode_with(codec.task_spec_from_wire, raw)
             if not spec.is_global:
                 raise wire.SchemaError(f"global tasks: task {spec.id!r:.40} is not global")
             adds = _merge_adds(adds, {spec.id: spec})

@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from swarm import wire
+from swarm import codec, wire
 from swarm.model import LoadReport, NodeId, TaskId, TaskSpec
 
 from .load import UNIT, report_load
@@ -600,7 +600,7 @@ def needs_to_wire(n: Needs) -> dict[str, Any]:
         "is_global": n.is_global,
         "cpu": n.cpu,
         "mem": n.mem,
-        "gpu": None if n.gpu is None else wire.gpu_request_to_wire(n.gpu),
+        "gpu": None if n.gpu is None else codec.gpu_request_to_wire(n.gpu),
     }
 
 
@@ -612,7 +612,7 @@ def needs_from_wire(obj: Any) -> Needs:
         is_global=f.bool("is_global", False),
         cpu=f.float("cpu", lo=0.0, hi=1e6),
         mem=f.int("mem", lo=0),
-        gpu=f.nested("gpu", wire.gpu_request_from_wire),
+        gpu=f.nested("gpu", codec.gpu_request_from_wire),
     )
     f.done()
     return n
@@ -623,7 +623,7 @@ def probe_request_to_wire(p: ProbeRequest) -> dict[str, Any]:
         "v": wire.PROTOCOL_VERSION,
         "round": p.round,
         "kind": p.kind,
-        "report": wire.load_report_to_wire(p.report),
+        "report": codec.load_report_to_wire(p.report),
         "task_id": p.task_id,
         "needs": None if p.needs is None else needs_to_wire(p.needs),
     }
@@ -639,7 +639,7 @@ def probe_request_from_wire(obj: Any) -> ProbeRequest:
     p = ProbeRequest(
         round=f.int("round", required=True, lo=0, hi=(1 << 63) - 1),
         kind=kind,
-        report=wire.decode_with(wire.load_report_from_wire, f.map("report", required=True)),
+        report=wire.decode_with(codec.load_report_from_wire, f.map("report", required=True)),
         task_id=f.str("task_id", "", max_len=128),
         needs=f.nested("needs", lambda o: wire.decode_with(needs_from_wire, o)),
     )

@@ -14,7 +14,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -30,16 +30,27 @@ from ..policy import placement as pl
 from ..policy import shares as sh
 from ..policy import transfer as tr
 from ..policy.view import LoadView
-from .cluster import ClusterNode, RemoteError
 from .journal import DelKV, Journal, PutKV
 from .journal import Event as JEvent
+from .logread import read_log
 from .net import TransportError
+from .peers import ClusterNode, RemoteError
 from .runner import LocalRunner
 from .sampler import HostSample, Sampler
 from .tasks import TaskTable, UnknownTask, wall_now
 
-if TYPE_CHECKING:
-    from .migrator import Migrator
+
+class MoveHooks(Protocol):
+    """What the coordinator asks of the migration side (runtime/migrator.Migrator),
+    named here so the two modules do not import each other."""
+
+    def holds_state(self, t: m.Task) -> bool: ...
+    def on_started(self, task: m.Task) -> None: ...
+    def on_stopped(self, task: m.Task) -> None: ...
+    def on_ended(self, task: m.Task) -> None: ...
+    def on_left(self, tid: m.TaskId) -> None: ...
+    async def cancel(self, tid: m.TaskId, cause: str) -> None: ...
+
 
 S = m.TaskState
 GLOBALS_KEY = "globals"
@@ -109,7 +120,7 @@ class Coordinator:
         self.admission_hook: Callable[[m.TaskSpec], str | None] | None = None
         self.isolation = "none"
         self.criu = False  # a working CRIU here (set by the agent at start-up)
-        self.migrator: Migrator | None = None  # set by the agent
+        self.migrator: MoveHooks | None = None  # set by the agent
         self._version = int(time.time() * 1000)
         self._nursery: trio.Nursery | None = None
         self._kick_place = trio.Event()
@@ -1186,7 +1197,6 @@ class Coordinator:
         f.done()
         out, err = self.runner.log_paths(tid)
         path = out if which == "stdout" else err
-        from ..agent import read_log  # local import: agent imports this module
 
         async def current() -> m.Task | None:
             try:

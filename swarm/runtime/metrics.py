@@ -20,7 +20,7 @@ only `--metrics` is refused, with the command that installs it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -28,8 +28,9 @@ from .. import model as m
 from ..config import ConfigError
 from ..logs import NULL_LOG, EventLog
 
-if TYPE_CHECKING:
-    from ..agent import Agent
+# the agent is read through its attributes (typed Any: the agent module imports this
+# one, and a type-only import back would make the layers a circle)
+Agent = Any
 
 MAX_REQUEST = 8192
 CLIENT_TIMEOUT = 10.0

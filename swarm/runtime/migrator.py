@@ -56,11 +56,11 @@ from ..logs import NULL_LOG, EventLog
 from ..policy import migration as pol
 from ..policy.view import PeerInfo, sample_peers
 from . import criu as criu_rt
-from .cluster import RemoteError
 from .executor import ProcessPlan
 from .journal import DelKV, PutKV
 from .journal import Event as JEvent
 from .net import FramedStream, TransportError, collapse_single_group
+from .peers import RemoteError
 from .tasks import UnknownTask, wall_now
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm import codec, crypto, requests, wire
+from swarm import codec, crypto, request_checks, wire
 from swarm import model as m
 from swarm.cluster import messages as msgs
 from swarm.runtime import journal as jr
@@ -287,7 +287,9 @@ def test_sealed_packet_flipped_or_cut(i: int, byte: int, cut: bool) -> None:
 
 
 def _submit_fields(obj: Any) -> None:
-    requests.submit_spec(wire.Fields(obj, "submit request"), uid=1000, user="u", home="n1", now=1.0)
+    request_checks.submit_spec(
+        wire.Fields(obj, "submit request"), uid=1000, user="u", home="n1", now=1.0
+    )
 
 
 VALID_SUBMIT: dict[str, Any] = {
@@ -350,12 +352,12 @@ class _Stream:
 
 
 async def _submit_op(f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
-    spec = requests.submit_spec(f, uid=cred.uid, user="u", home="n1", now=1.0)
+    spec = request_checks.submit_spec(f, uid=cred.uid, user="u", home="n1", now=1.0)
     return {"id": spec.id}
 
 
 async def _status_op(f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
-    requests.check_task_id(f.str("id", required=True, max_len=256))
+    request_checks.check_task_id(f.str("id", required=True, max_len=256))
     f.done()
     return {"task": None}
 

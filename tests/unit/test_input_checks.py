@@ -112,7 +112,7 @@ def test_a_field_that_cannot_be_encoded_is_named() -> None:
 
 
 def test_client_and_agent_share_the_bounds() -> None:
-    from swarm import requests
+    from swarm import request_checks as requests
 
     assert requests.MAX_ARGV_BYTES == limits.MAX_ARGV_BYTES
     assert wire.MAX_FRAME == limits.MAX_FRAME

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm import wire
+from swarm import codec, wire
 from swarm.model import LoadReport, TaskSpec
 from swarm.policy.shares import (
     GlobalTasks,
@@ -244,7 +244,7 @@ def test_wire_round_trip_and_strictness() -> None:
     with pytest.raises(wire.SchemaError):
         GlobalTasks.from_wire({**s.to_wire(), "extra": 1})
     bad = s.to_wire()
-    bad["adds"] = [wire.task_spec_to_wire(TaskSpec(id="x", argv=("a",)))]
+    bad["adds"] = [codec.task_spec_to_wire(TaskSpec(id="x", argv=("a",)))]
     with pytest.raises(wire.SchemaError):
         GlobalTasks.from_wire(bad)
     with pytest.raises(wire.VersionMismatch):

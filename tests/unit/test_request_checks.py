@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from swarm import requests, wire
+from swarm import request_checks, wire
 
 
 def _spec(**fields: Any) -> Any:
     base: dict[str, Any] = {"argv": ["echo", "hi"]}
     base.update(fields)
-    return requests.submit_spec(
+    return request_checks.submit_spec(
         wire.Fields(base, "submit request"), uid=1000, user="u", home="n1", now=5.0
     )
 
