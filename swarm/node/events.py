@@ -1,0 +1,223 @@
+"""What the node's state machine takes in (stimuli) and gives out (instructions).
+
+All frozen values. The runtime's driver carries instructions out in list order; a
+`Record(durable=True)` or `Persist(durable=True)` is awaited (on disk) before the next
+instruction, so "journal the decision, then send the message" is the order of a list.
+Instructions that do no I/O of their own (`Enqueue`, `Place`, ...) run inline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .. import model as m
+from ..cluster import handoff as h
+
+# ----------------------------------------------------------------- instructions
+
+
+@attrs.frozen
+class Record:
+    """A task record changed (already in memory): journal it, wake its waiters, log it.
+    `counted`: a state transition (counted per destination), not an adopted record."""
+
+    task: m.Task
+    durable: bool = False
+    counted: bool = True
+
+
+@attrs.frozen
+class Forget:
+    """Drop a record (journaled): a guest task that left before it ran here."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
+class Put:
+    key: str
+    value: Any
+
+
+@attrs.frozen
+class Delete:
+    key: str
+
+
+@attrs.frozen
+class Persist:
+    """Journal key-value writes; durable ones land before the next instruction."""
+
+    ops: tuple[Put | Delete, ...]
+    durable: bool = False
+
+
+@attrs.frozen
+class Enqueue:
+    """Put a task in the local run queue (its shares are in the ledger already)."""
+
+    task_id: m.TaskId
+    front: bool = False
+
+
+@attrs.frozen
+class Requeue:
+    """Put a pushed task back at the front of the run queue (a failed move)."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
+class Dequeue:
+    task_id: m.TaskId
+
+
+@attrs.frozen
+class StopRun:
+    """Stop the task's running process (`reason`: None for a plain cancel)."""
+
+    task_id: m.TaskId
+    reason: str | None = None
+
+
+@attrs.frozen
+class StopMove:
+    """Cancel a migration in progress."""
+
+    task_id: m.TaskId
+    cause: str
+
+
+@attrs.frozen
+class MoveHook:
+    """Tell the migration side: "started", "stopped", "ended" (task) or "left" (id)."""
+
+    what: str
+    task_id: m.TaskId
+    task: m.Task | None = None
+
+
+@attrs.frozen
+class Place:
+    """Place a queued task whose home is here (two choices, re-check, retry)."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
+class OfferOutcome:
+    """The outcome of an offer a placement waits for."""
+
+    task_id: m.TaskId
+    ok: bool
+    reason: str
+
+
+@attrs.frozen
+class SendHandoff:
+    send: h.Send
+
+
+@attrs.frozen
+class LoadChanged:
+    """The local queue or GPU room changed: publish a fresh load report soon."""
+
+
+@attrs.frozen
+class Log:
+    level: str  # "debug" | "info" | "warning" | "error"
+    event: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+
+@attrs.frozen
+class Later:
+    """Carry these out in a task of their own (the caller must not wait on them)."""
+
+    instructions: tuple[Instruction, ...]
+
+
+Instruction = (
+    Record
+    | Forget
+    | Persist
+    | Enqueue
+    | Requeue
+    | Dequeue
+    | StopRun
+    | StopMove
+    | MoveHook
+    | Place
+    | OfferOutcome
+    | SendHandoff
+    | LoadChanged
+    | Log
+    | Later
+)
+
+BLOCKING = (Record, Persist, StopRun, StopMove)  # awaited when durable / always
+
+
+def blocks(i: Instruction) -> bool:
+    """Does carrying this out need an await (a durable write, a process to stop)?"""
+    if isinstance(i, (Record, Persist)):
+        return i.durable
+    return isinstance(i, (StopRun, StopMove))
+
+
+def log(level: str, event: str, **fields: Any) -> Log:
+    return Log(level, event, tuple(fields.items()))
+
+
+# --------------------------------------------------------------------- stimuli
+
+
+@attrs.frozen
+class Stimulus:
+    """Every stimulus carries trio's clock (`now`), the wall clock and an id for explain."""
+
+    now: float
+    wall: float
+    stimulus_id: str
+
+
+@attrs.frozen
+class HandoffOutputs(Stimulus):
+    """Outputs of the pure handoff sides to apply (decisions, then the sends)."""
+
+    outputs: tuple[h.Output, ...]
+    task_ids: tuple[m.TaskId, ...] = ()
+
+
+@attrs.frozen
+class TaskStarted(Stimulus):
+    task: m.Task
+
+
+@attrs.frozen
+class TaskEnded(Stimulus):
+    """A local run ended: terminal, back to the queue (shutdown), or stopped to move."""
+
+    task: m.Task
+
+
+@attrs.frozen
+class NodeDead(Stimulus):
+    node: m.NodeId
+
+
+@attrs.frozen
+class CancelRemote(Stimulus):
+    """Cancel a task whose home is here and which lives elsewhere (or is in flight)."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
+class HandoffTick(Stimulus):
+    """Retries of both handoff sides, and the expiry of old tombstones."""
+
+
+Event = HandoffOutputs | TaskStarted | TaskEnded | NodeDead | CancelRemote | HandoffTick

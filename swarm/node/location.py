@@ -1,0 +1,337 @@
+"""Where a task lives: the node's reactions to the handoff protocol (pure).
+
+The handoff sides (cluster/handoff.py) decide the protocol; this module decides what
+each of their outcomes does to the node: records moved, the run queue, the ledger,
+GPU slices, a placement started again or told the outcome of its offer. The rules
+that used to be async code in the coordinator live here, e.g. "the holder died while
+the task ran with --no-retry: LOST" and "an offer failed and no placement waits for
+it: place the task again".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import model as m
+from ..cluster import handoff as h
+from ..policy import shares as sh
+from . import events as ev
+from .records import TaskRecords
+from .recovery import Handoffs
+
+S = m.TaskState
+FINAL_STATES = {"succeeded": S.SUCCEEDED, "failed": S.FAILED, "cancelled": S.CANCELLED}
+
+
+class Location:
+    """The handoff reactions of NodeState (state.py), which holds the fields below."""
+
+    node: m.NodeId
+    records: TaskRecords
+    ledger: sh.ShareLedger
+    handoffs: Handoffs
+    pending_cancel: set[m.TaskId]
+    awaiting_offer: set[m.TaskId]
+    arrived: dict[m.TaskId, float]
+    queued: Any
+    running: Any
+    counters: dict[str, int]
+
+    @property
+    def home(self) -> h.HomeSide:
+        return self.handoffs.home
+
+    @property
+    def guest(self) -> h.GuestSide:
+        return self.handoffs.guest
+
+    def _change(
+        self,
+        tid: m.TaskId,
+        dst: m.TaskState,
+        wall: float,
+        cause: str,
+        durable: bool = False,
+        **kw: Any,
+    ) -> tuple[m.Task, ev.Record]:
+        new = self.records.apply(tid, dst, wall, cause, **kw)
+        return new, ev.Record(new, durable=durable)
+
+    def enqueue_local(self, task: m.Task, now: float, front: bool = False) -> list[ev.Instruction]:
+        if task.id not in self.ledger:
+            self.ledger.add(task.spec)
+        self.arrived.setdefault(task.id, now)
+        return [ev.Enqueue(task.id, front), ev.LoadChanged()]
+
+    def _outcome(self, tid: m.TaskId, ok: bool, reason: str) -> ev.OfferOutcome:
+        self.awaiting_offer.discard(tid)
+        return ev.OfferOutcome(tid, ok, reason)
+
+    def count_in_view(self, node: m.NodeId, spec: m.TaskSpec) -> None:
+        raise NotImplementedError
+
+    def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ handoff
+
+    def apply(
+        self,
+        outs: tuple[h.Output, ...] | list[h.Output],
+        task_ids: tuple[m.TaskId, ...] | list[m.TaskId],
+        now: float,
+        wall: float,
+    ) -> list[ev.Instruction]:
+        """Handoff outputs: decisions first, then the journal writes of the handoff
+        entries they touched (durable), then the sends."""
+        out: list[ev.Instruction] = []
+        sends: list[h.Send] = []
+        touched: set[m.TaskId] = set(task_ids)
+        for o in outs:
+            if isinstance(o, h.Send):
+                sends.append(o)
+                touched.add(o.request.task_id)
+            else:
+                touched.add(o.task_id)
+                out += self.decide(o, now, wall)
+        ops = self.handoffs.persist_ops(touched, wall)
+        if ops:
+            out.append(ev.Persist(tuple(ops), durable=True))
+        out += [ev.SendHandoff(s) for s in sends]
+        return out
+
+    def decide(self, o: h.Output, now: float, wall: float) -> list[ev.Instruction]:
+        if isinstance(o, h.Committed):
+            return self.on_committed(o, now, wall)
+        if isinstance(o, h.OfferFailed):
+            return self.on_offer_failed(o, wall)
+        if isinstance(o, h.HolderLost):
+            return self.on_holder_lost(o, wall)
+        if isinstance(o, h.Reported):
+            return self.on_reported(o, wall)
+        if isinstance(o, h.RunNow):
+            return self.on_run_now(o.task_id, now, wall)
+        if isinstance(o, h.Drop):
+            return self.on_drop(o)
+        if isinstance(o, h.Kill):
+            return self.on_kill(o.task_id, now, wall)
+        if isinstance(o, h.MoveDone):
+            return [
+                ev.log("info", "transfer.move_answer", task=o.task_id, ok=o.ok, reason=o.reason)
+            ]
+        return []
+
+    def on_committed(self, o: h.Committed, now: float, wall: float) -> list[ev.Instruction]:
+        t = self.records.active.get(o.task_id)
+        if t is None:
+            return []
+        out: list[ev.Instruction] = []
+        if o.node == self.node:  # the task came back home
+            if t.state is S.QUEUED:
+                t, r = self._change(t.id, S.TRANSFERRING, wall, "moving back home", node=t.node)
+                out.append(r)
+            t, r = self._change(t.id, S.QUEUED, wall, "back home", node=self.node)
+            return [*out, r, *self.enqueue_local(t, now)]
+        if t.state in (S.TRANSFERRING, S.MIGRATING):
+            how = "migrated to" if t.state is S.MIGRATING else "handed off to"
+            _, r = self._change(t.id, S.QUEUED, wall, f"{how} {o.node}", node=o.node)
+            out.append(r)
+            self.count_in_view(o.node, t.spec)
+            self.ledger.remove(t.id)
+            out += self.release_gpu(t.id)
+            out.append(ev.LoadChanged())
+            self.arrived.pop(t.id, None)
+            out.append(self._outcome(t.id, True, ""))
+            if t.id in self.pending_cancel:
+                self.pending_cancel.discard(t.id)
+                out += self.apply(self.home.cancel(t.id, now), [t.id], now, wall)
+        # else: a fence (same holder, new epoch); nothing changes in the record
+        return out
+
+    def on_offer_failed(self, o: h.OfferFailed, wall: float) -> list[ev.Instruction]:
+        t = self.records.active.get(o.task_id)
+        self.counters["offers_refused" if o.refused else "offers_failed"] += 1
+        if t is None:
+            return []
+        out: list[ev.Instruction] = []
+        e = self.home.entries.get(o.task_id)
+        where = e.where if e is not None else self.node
+        if t.state in (S.TRANSFERRING, S.MIGRATING):
+            # a migrating task restarts where it was, from the checkpoint it kept there
+            cause = f"offer to {o.node} failed: {o.reason}"
+            out.append(self._change(t.id, S.QUEUED, wall, cause, node=where)[1])
+        if where == self.node:
+            if t.id in self.pending_cancel:
+                self.pending_cancel.discard(t.id)
+                out.append(self._change(t.id, S.CANCELLED, wall, "cancelled", durable=True)[1])
+            elif t.id in self.ledger:  # it was in the local queue (a push): put it back
+                out.append(ev.Requeue(t.id))
+            elif t.id not in self.awaiting_offer:
+                # No placement waits for this offer (it was resumed after a restart, or a
+                # holder that asked for a move died): place the task again, or it would
+                # sit queued at its home forever.
+                out.append(ev.Place(t.id))
+        out.append(self._outcome(t.id, False, o.reason))
+        return out
+
+    def on_holder_lost(self, o: h.HolderLost, wall: float) -> list[ev.Instruction]:
+        t = self.records.active.get(o.task_id)
+        if t is None:
+            return []
+        if t.state is S.RUNNING and t.spec.no_retry:
+            self.counters["lost"] += 1
+            cause = f"{o.node} died while running it (--no-retry)"
+            return [self._change(t.id, S.LOST, wall, cause, durable=True)[1]]
+        out: list[ev.Instruction] = []
+        requeued = f"{o.node} died: re-queued"
+        if t.state in (S.RUNNING, S.MIGRATING, S.TRANSFERRING):
+            out.append(self._change(t.id, S.QUEUED, wall, requeued, node=self.node)[1])
+        elif t.state is S.QUEUED:
+            out.append(self._change(t.id, S.TRANSFERRING, wall, f"{o.node} died", node=t.node)[1])
+            out.append(self._change(t.id, S.QUEUED, wall, requeued, node=self.node)[1])
+        self.counters["requeued_dead"] += 1
+        out.append(ev.Place(t.id))
+        return out
+
+    def on_reported(self, o: h.Reported, wall: float) -> list[ev.Instruction]:
+        t = self.records.active.get(o.task_id)
+        if t is None:
+            return []
+        out: list[ev.Instruction] = []
+        r = o.report
+        if t.state in (S.QUEUED, S.TRANSFERRING) and (r.state == "running" or r.final):
+            out.append(self._change(t.id, S.RUNNING, wall, f"started on {o.node}", node=o.node)[1])
+        if not r.final:
+            return out
+        self.pending_cancel.discard(t.id)
+        _, rec = self._change(
+            t.id,
+            FINAL_STATES[r.state],
+            wall,
+            r.reason or r.state,
+            durable=True,
+            node=o.node,
+            exit_code=r.exit_code,
+            signal=r.signal,
+        )
+        return [*out, rec]
+
+    def on_run_now(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
+        e = self.guest.entries.get(tid)
+        if e is None:
+            return []
+        out: list[ev.Instruction] = []
+        t = self.records.active.get(tid)
+        if t is not None and t.state is S.MIGRATING:
+            # the home did not carry out our move: run it here again, from its checkpoint
+            t, r = self._change(tid, S.QUEUED, wall, "move not carried out: runs here again")
+            out.append(r)
+        if t is None or t.state is not S.QUEUED:
+            t = m.new_task(e.spec, wall, self.node, cause=f"accepted from {e.home}")
+            self.records.store(t)
+            out.append(ev.Record(t, counted=False))
+        if tid not in self.queued and tid not in self.running:
+            out += self.enqueue_local(t, now)
+        return out
+
+    def on_drop(self, o: h.Drop) -> list[ev.Instruction]:
+        tid = o.task_id
+        t = self.records.active.get(tid)
+        if tid in self.running:
+            return [ev.StopRun(tid, o.reason)] if o.kill else []
+        out: list[ev.Instruction] = [ev.Dequeue(tid)]
+        self.ledger.remove(tid)
+        out += self.release_gpu(tid)
+        self.arrived.pop(tid, None)
+        if t is not None and t.spec.home != self.node:
+            self.records.forget(tid)
+            out.append(ev.Forget(tid))
+        out.append(ev.MoveHook("left", tid))  # its state dir, if any, is not needed here now
+        return out
+
+    def on_kill(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
+        if tid in self.running:
+            return [ev.StopRun(tid)]
+        t = self.records.active.get(tid)
+        if t is not None and t.state is S.MIGRATING:
+            return [ev.StopMove(tid, "cancelled by home")]
+        if t is None or t.state is not S.QUEUED:
+            return []
+        self.ledger.remove(tid)
+        out: list[ev.Instruction] = [ev.Dequeue(tid)]
+        out.append(self._change(tid, S.CANCELLED, wall, "cancelled by home", durable=True)[1])
+        rep = h.Report(tid, 0, "cancelled", reason="cancelled", at=wall)
+        return out + self.apply(self.guest.finished(rep, now), [tid], now, wall)
+
+    def on_request(
+        self, sender: m.NodeId, r: h.Request, now: float, wall: float, refusal: str | None = None
+    ) -> tuple[h.Reply, list[ev.Instruction]]:
+        """A peer's handoff request. `refusal`: why this node would not take an offered
+        task (admission with fresh local usage, which the runtime measures)."""
+        if isinstance(r, h.Offer):
+            reply, entry = self.guest.on_offer(sender, r, now, refusal)
+            if entry is not None:
+                if r.task_id not in self.ledger:
+                    self.ledger.add(r.spec)
+                ops = self.handoffs.persist_ops([r.task_id], wall)  # journaled before "yes"
+                return reply, [ev.Persist(tuple(ops), durable=True)] if ops else []
+            if not reply.ok:
+                return reply, [
+                    ev.log(
+                        "info", "handoff.refused", task=r.task_id, home=sender, reason=reply.reason
+                    )
+                ]
+            return reply, []
+        out: list[ev.Instruction] = []
+        if isinstance(r, h.Commit):
+            reply, outs = self.guest.on_commit(r, now)
+        elif isinstance(r, h.Abort):
+            reply, outs = self.guest.on_abort(r)
+        elif isinstance(r, h.Revoke):
+            reply, outs = self.guest.on_revoke(r)
+        elif isinstance(r, h.Cancel):
+            reply, outs = self.guest.on_cancel(r)
+        elif isinstance(r, h.Query):
+            reply, outs = self.home.on_query(sender, r)
+        elif isinstance(r, h.MoveRequest):
+            reply, outs = self.home.on_move_request(sender, r, now)
+            t = self.records.active.get(r.task_id)
+            if reply.ok and t is not None and t.state is S.QUEUED and r.target != self.node:
+                cause = f"moving from {sender} to {r.target}"
+                out.append(self._change(t.id, S.TRANSFERRING, wall, cause, node=sender)[1])
+            elif reply.ok and t is not None and t.state is S.RUNNING:
+                # a running task's holder stopped it to move it (checkpoint, restart, CRIU)
+                cause = f"migrating from {sender} to {r.target}"
+                out.append(self._change(t.id, S.MIGRATING, wall, cause, node=sender)[1])
+        else:  # h.Report (request_from_wire returns only these types)
+            reply, outs = self.home.on_report(sender, r)
+        return reply, out + self.apply(outs, [r.task_id], now, wall)
+
+    def on_reply(
+        self, dest: m.NodeId, req: h.Request, reply: h.Reply | None, now: float, wall: float
+    ) -> list[ev.Instruction]:
+        """The answer to one of our handoff requests (None: none came)."""
+        if isinstance(req, (h.Offer, h.Commit, h.Abort, h.Revoke, h.Cancel)):
+            outs = self.home.on_reply(dest, req, reply, now)
+        else:
+            outs = self.guest.on_reply(dest, req, reply, now)
+        return self.apply(outs, [req.task_id], now, wall)
+
+    def offer(
+        self, tid: m.TaskId, target: m.NodeId, now: float, wall: float
+    ) -> tuple[str | None, list[ev.Instruction]]:
+        """Offer a task whose home is here (held here) to `target`: (why not, or None
+        and what to do; the outcome comes back as an OfferOutcome instruction)."""
+        t = self.records.active.get(tid)
+        if t is None or t.state not in (S.QUEUED, S.MIGRATING) or t.node != self.node:
+            return "not queued here", []
+        e = self.home.entries.get(tid)
+        if e is not None and e.phase is not h.HomePhase.LOCAL:
+            return f"handoff busy ({e.phase.value})", []
+        out: list[ev.Instruction] = []
+        if t.state is S.QUEUED:  # a MIGRATING task stays so until committed or failed
+            out.append(
+                self._change(tid, S.TRANSFERRING, wall, f"offering to {target}", node=self.node)[1]
+            )
+        self.awaiting_offer.add(tid)
+        return None, out + self.apply(self.home.offer(t.spec, target, now), [tid], now, wall)

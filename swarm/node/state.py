@@ -1,0 +1,200 @@
+"""NodeState: the node's own state and the rules that change it, without I/O.
+
+It holds the task records, both handoff sides (with their tombstones), the share
+ledger, the GPU allocations, the load view and the bookkeeping of placements waiting
+on offers. `handle(*stimuli)` applies each stimulus and returns the instructions
+(events.py) that the runtime carries out in order. Rules that used to live in async
+code are here, e.g. "the holder died while the task ran with --no-retry: LOST", and
+"an offer failed and no placement waits for it: place the task again".
+
+The run queue and the running set still belong to the runtime's runner; the state
+reads them through the two live collections it is given (`queued`, `running`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import attrs
+
+from .. import model as m
+from ..cluster import handoff as h
+from ..policy import gpu as gpupol
+from ..policy import shares as sh
+from ..policy.view import LoadView
+from . import events as ev
+from . import gate
+from .location import Location
+from .records import TaskRecords
+from .recovery import Handoffs
+
+S = m.TaskState
+
+
+class NodeState(Location):
+    def __init__(
+        self,
+        node: m.NodeId,
+        *,
+        ledger: sh.ShareLedger,
+        records: TaskRecords | None = None,
+        gpu_devices: tuple[gpupol.GpuDevice, ...] = (),
+        gpu_policy: str = "binpack",
+        queued: Collection[m.TaskId] = (),
+        running: Collection[m.TaskId] = (),
+        breaks: Collection[str] = (),
+    ) -> None:
+        self.node = node
+        self.records = records if records is not None else TaskRecords()
+        self.ledger = ledger
+        self.handoffs = Handoffs(node)
+        self.gpus = gpupol.GpuAllocator(gpu_devices)
+        self.gpu_policy = gpu_policy
+        self.view = LoadView()
+        self.globals = sh.GlobalTasks()
+        self.queued = queued
+        self.running = running
+        self.breaks = frozenset(breaks)
+        self.pending_cancel: set[m.TaskId] = set()  # cancel once the offer is decided
+        self.awaiting_offer: set[m.TaskId] = set()  # a placement waits for the outcome
+        self.arrived: dict[m.TaskId, float] = {}  # when a queued task arrived (trio time)
+        self.counters: dict[str, int] = {
+            "offers_refused": 0,
+            "offers_failed": 0,
+            "requeued_dead": 0,
+            "lost": 0,
+        }
+
+    # ------------------------------------------------------------- stimuli
+
+    def handle(self, *stimuli: ev.Event) -> list[ev.Instruction]:
+        out: list[ev.Instruction] = []
+        for s in stimuli:
+            if isinstance(s, ev.HandoffOutputs):
+                out += self.apply(s.outputs, s.task_ids, s.now, s.wall)
+            elif isinstance(s, ev.TaskStarted):
+                out += self.on_started(s.task, s.now, s.wall)
+            elif isinstance(s, ev.TaskEnded):
+                out += self.on_ended(s.task, s.now, s.wall)
+            elif isinstance(s, ev.NodeDead):
+                out += self.on_node_dead(s.node, s.now, s.wall)
+            elif isinstance(s, ev.CancelRemote):
+                out += self.cancel_remote(s.task_id, s.now, s.wall)
+            elif isinstance(s, ev.HandoffTick):
+                out += self.tick(s.now, s.wall)
+        return out
+
+    # ------------------------------------------------------------ helpers
+
+    def count_in_view(self, node: m.NodeId, spec: m.TaskSpec) -> None:
+        """We just handed `spec` to `node`: until its next report arrives, count it in
+        our (stale) view of that node, so that our next placements do not pile onto a
+        node whose report predates the work we sent it."""
+        entry = self.view.get(node)
+        if entry is None:
+            return
+        r = entry.report
+        self.view.upsert(
+            attrs.evolve(r, weight_sum=r.weight_sum + spec.weight, queued=r.queued + 1),
+            entry.received_at,
+        )
+
+    def can_start(self, task: m.Task) -> tuple[str | None, list[ev.Instruction]]:
+        return gate.can_start(
+            task, self.node, self.guest, self.ledger, self.gpus, self.gpu_policy, self.breaks
+        )
+
+    def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]:
+        return gate.release_gpu(tid, self.gpus)
+
+    def offer_started(self, tid: m.TaskId) -> None:
+        self.awaiting_offer.add(tid)
+
+    # ------------------------------------------------------- local runs
+
+    def on_started(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
+        out: list[ev.Instruction] = []
+        lt = self.ledger.get(task.id)
+        if lt is not None and not lt.running:  # normally taken by the gate already
+            try:
+                self.ledger.start(task.id)
+            except sh.LedgerError as e:
+                out.append(ev.log("warning", "ledger.start", task=task.id, error=str(e)))
+        self.arrived.pop(task.id, None)
+        out.append(ev.MoveHook("started", task.id, task))
+        if task.spec.home != self.node and not task.spec.is_global:
+            # The "running" report waits for the first retry tick (~0.5 s): a short task's
+            # final report makes it unnecessary, which saves an RPC per short task.
+            outs = [
+                o
+                for o in self.guest.started(task.id, now)
+                if not (isinstance(o, h.Send) and isinstance(o.request, h.Report))
+            ]
+            out.append(ev.Later(tuple(self.apply(outs, [task.id], now, wall))))
+        return out
+
+    def on_ended(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
+        """A local run ended: terminal, back to the queue (shutdown), or stopped to move."""
+        if task.state is S.MIGRATING:
+            lt = self.ledger.get(task.id)
+            if lt is not None and lt.running:
+                self.ledger.stop(task.id)  # stays here (queued weight) until it has moved
+            self.guest.requeued(task.id)
+            return [ev.MoveHook("stopped", task.id, task)]
+        if task.state is S.QUEUED:
+            lt = self.ledger.get(task.id)
+            if lt is not None and lt.running:
+                self.ledger.stop(task.id)
+            self.guest.requeued(task.id)
+            return []
+        self.ledger.remove(task.id)
+        out = self.release_gpu(task.id)
+        out += [ev.LoadChanged(), ev.MoveHook("ended", task.id, task)]
+        if task.spec.home != self.node and not task.spec.is_global:
+            rep = h.Report(
+                task.id,
+                0,
+                task.state.value,
+                exit_code=task.exit_code,
+                signal=task.signal,
+                reason=task.reason,
+                at=wall,
+            )
+            outs = self.guest.finished(rep, now)
+            out.append(ev.Later(tuple(self.apply(outs, [task.id], now, wall))))
+        return out
+
+    # ------------------------------------------------------ home requests
+
+    def cancel_remote(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
+        """Cancel a task whose home is here and which lives elsewhere (or is in flight):
+        while its offer is out, the cancel waits for the outcome."""
+        if tid not in self.records.active:
+            return []
+        e = self.home.entries.get(tid)
+        if e is not None and e.phase is h.HomePhase.OFFERING:
+            self.pending_cancel.add(tid)
+            return []
+        return self.apply(self.home.cancel(tid, now), [tid], now, wall)
+
+    def on_node_dead(self, node: m.NodeId, now: float, wall: float) -> list[ev.Instruction]:
+        self.view.remove(node)
+        outs = self.home.on_node_dead(node, now)
+        if not outs:
+            return []
+        note = ev.log("info", "handoff.node_dead", peer=node, tasks=len(outs))
+        return [note, ev.Later(tuple(self.apply(outs, [], now, wall)))]
+
+    def tick(self, now: float, wall: float) -> list[ev.Instruction]:
+        out: list[ev.Instruction] = []
+        outs = self.home.tick(now) + self.guest.tick(now)
+        if outs:
+            out += self.apply(outs, [], now, wall)
+        ops = self.handoffs.expire_tombstones(wall)
+        if ops:
+            out.append(ev.Persist(tuple(ops)))
+        return out
+
+    def handoff_busy(self) -> bool:
+        """Retries are due only while something is in flight: idle nodes wake rarely."""
+        return bool(self.guest.entries) or any(True for _ in self.home.busy())
