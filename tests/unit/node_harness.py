@@ -47,6 +47,7 @@ class FakeNode:
         self.finals: dict[m.TaskId, int] = {}  # terminal records journaled, per task
         self.stopped: list[m.TaskId] = []
         self.logs: list[str] = []
+        self.retry_failed_offers = False
 
     # ------------------------------------------------------------ driver
 
@@ -79,6 +80,8 @@ class FakeNode:
                 self.placements.append(i.task_id)
             elif isinstance(i, ev.OfferOutcome):
                 self.outcomes.append((i.task_id, i.ok, i.reason))
+                if not i.ok and self.retry_failed_offers:
+                    self.placements.append(i.task_id)  # the waiting placement retries
             elif isinstance(i, ev.Log):
                 self.logs.append(i.event)
             elif isinstance(i, ev.Later):

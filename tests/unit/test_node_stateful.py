@@ -1,0 +1,259 @@
+"""A stateful hypothesis test of NodeState over three nodes and a fake network.
+
+Hypothesis drives submissions, offers, deliveries (some lost), retry ticks, starts,
+ends, drains and the permanent loss of a node, in any order. After every step the
+global invariants hold:
+- each task is queued or running in at most one place (among live nodes);
+- each task's home journals at most one final result for it;
+- no share ledger is overbooked by a start, and a drained node starts nothing;
+- no GPU's core or memory is given out twice;
+- no task is stranded: a task queued at its home is in its run queue, or waits for
+  a placement, or for the outcome of an offer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import hypothesis
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from swarm import model as m
+from swarm.cluster import handoff as h
+from swarm.policy import gpu as gpupol
+
+from .node_harness import FakeNet, FakeNode
+
+S = m.TaskState
+NAMES = ("A", "B", "C")
+GPU = gpupol.GpuDevice(index=0, uuid="GPU-0", minor=0, memory_bytes=8 << 30)
+
+
+class ThreeNodes(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes = {n: FakeNode(n, shares=1024, gpu_devices=(GPU,)) for n in NAMES}
+        for node in self.nodes.values():
+            node.retry_failed_offers = True
+        self.net = FakeNet(*self.nodes.values())
+        self.now = 0.0
+        self.ids = itertools.count()
+        self.killed = False
+        self.ended = {True: 0, False: 0}  # tasks ended away from / at their home
+
+    def _live(self) -> list[FakeNode]:
+        return [n for n in self.nodes.values() if n.name not in self.net.dead]
+
+    # ------------------------------------------------------------- rules
+
+    @initialize(homes=st.lists(st.sampled_from(NAMES), min_size=2, max_size=6))
+    def some_work(self, homes: list[str]) -> None:
+        for home in homes:
+            self.submit(home, 0, False, False)
+
+    @rule(
+        home=st.sampled_from(NAMES),
+        reserve=st.sampled_from([0, 0, 300, 700]),
+        gpu=st.booleans(),
+        no_retry=st.booleans(),
+    )
+    def submit(self, home: str, reserve: int, gpu: bool, no_retry: bool) -> None:
+        node = self.nodes[home]
+        if home in self.net.dead:
+            return
+        spec = m.TaskSpec(
+            id=f"t{next(self.ids)}",
+            argv=("true",),
+            reserve_shares=reserve,
+            no_retry=no_retry,
+            gpu=m.GpuRequest(core=50, memory_ratio=50) if gpu else None,
+        )
+        node.submit(spec, wall=self.now)
+        node.placements.append(spec.id)
+
+    @rule(data=st.data())
+    def place(self, data: st.DataObject) -> None:
+        """A node's placement decides for one task it must place: here, or offer."""
+        live = [n for n in self._live() if n.placements]
+        if live:
+            node = data.draw(st.sampled_from(live))
+            self.place_one(node, data.draw(st.sampled_from(NAMES)))
+
+    def place_one(self, node: FakeNode, target: str) -> None:
+        tid = node.placements.pop(0)
+        t = node.state.records.active.get(tid)
+        e = node.state.home.entries.get(tid)
+        if t is None or t.state is not S.QUEUED or t.node != node.name:
+            return
+        if e is not None and e.phase is not h.HomePhase.LOCAL:
+            return
+        if tid in node.queue or tid in node.running:
+            return
+        if target == node.name:
+            node.run_here(tid, self.now)
+            return
+        why, instrs = node.state.offer(tid, target, self.now, self.now)
+        assert why is None
+        node.run(instrs)
+
+    @rule(src=st.sampled_from(NAMES), lose=st.booleans())
+    def deliver(self, src: str, lose: bool) -> None:
+        self.net.deliver(src, lose=lose, now=self.now, wall=self.now)
+
+    @rule()
+    def settle(self) -> None:
+        """Every message in flight is delivered (a quiet network for a while)."""
+        for _ in range(3):
+            for node in self._live():
+                while self.net.deliver(node.name, now=self.now, wall=self.now):
+                    pass
+
+    @rule(name=st.sampled_from(NAMES), dt=st.floats(0.1, 30.0))
+    def tick(self, name: str, dt: float) -> None:
+        self.now += dt
+        node = self.nodes[name]
+        if name not in self.net.dead:
+            node.run(node.state.tick(self.now, self.now))
+
+    @rule(name=st.sampled_from(NAMES))
+    def start(self, name: str) -> None:
+        node = self.nodes[name]
+        if name in self.net.dead or not node.queue:
+            return
+        tid = node.queue[0]
+        draining = node.ledger.draining
+        spec = node.state.records.active[tid].spec
+        why = node.try_start(tid, self.now, self.now)
+        if why is None:
+            assert not (draining and not spec.is_global), "a drained node started a task"
+            assert node.ledger.reserved <= node.ledger.shares, "ledger overbooked by a start"
+        else:
+            _event("a start was refused: " + why.split(" (")[0][:30])
+
+    @rule(name=st.sampled_from(NAMES), code=st.sampled_from([0, 1]))
+    def finish(self, name: str, code: int) -> None:
+        node = self.nodes[name]
+        if name in self.net.dead or not node.running:
+            return
+        tid = sorted(node.running)[0]
+        remote = node.state.records.active[tid].spec.home != name
+        node.finish(tid, code, self.now, self.now)
+        self.ended[remote] += 1
+        _event("a task ended " + ("away from its home" if remote else "at its home"))
+
+    @rule(name=st.sampled_from(NAMES), shares=st.sampled_from([0, 1024]))
+    def set_shares(self, name: str, shares: int) -> None:
+        self.nodes[name].ledger.set_shares(shares)
+
+    @precondition(lambda self: not self.killed)
+    @rule(name=st.sampled_from(NAMES))
+    def kill(self, name: str) -> None:
+        self.killed = True
+        self.net.kill(name, self.now, self.now)
+        _event("a node was lost")
+
+    # -------------------------------------------------------- invariants
+
+    @invariant()
+    def one_place_per_task(self) -> None:
+        seen: dict[m.TaskId, str] = {}
+        for node in self._live():
+            for tid in [*node.queue, *node.running]:
+                assert tid not in seen, f"{tid} is at {seen[tid]} and at {node.name}"
+                seen[tid] = node.name
+
+    @invariant()
+    def one_final_result(self) -> None:
+        for node in self.nodes.values():
+            for tid, n in node.finals.items():
+                home = node.state.records.get_cached(tid)
+                if home is not None and home.spec.home == node.name:
+                    assert n <= 1, f"{tid}: {n} final results at its home"
+
+    @invariant()
+    def gpu_never_double_allocated(self) -> None:
+        for node in self._live():
+            core = sum(p.core for a in node.state.gpus.allocations() for p in a.parts)
+            mem = sum(p.memory for a in node.state.gpus.allocations() for p in a.parts)
+            assert core <= 100 and mem <= GPU.memory_bytes
+
+    @invariant()
+    def no_task_stranded_at_home(self) -> None:
+        for node in self._live():
+            for t in node.state.records.active.values():
+                if t.spec.home != node.name or t.node != node.name or t.state is not S.QUEUED:
+                    continue
+                e = node.state.home.entries.get(t.id)
+                responsible = (
+                    t.id in node.queue
+                    or t.id in node.placements
+                    or t.id in node.state.awaiting_offer
+                    or (e is not None and e.phase is h.HomePhase.OFFERING)
+                )
+                assert responsible, f"{t.id} is queued at its home {node.name} and nobody places it"
+
+
+ThreeNodes.TestCase.settings = settings(max_examples=200, stateful_step_count=80, deadline=None)
+TestThreeNodes = ThreeNodes.TestCase
+
+
+def _event(what: str) -> None:
+    """hypothesis.event inside a hypothesis test; nothing in the random walks below."""
+    try:
+        hypothesis.event(what)
+    except hypothesis.errors.InvalidArgument:
+        pass
+
+
+def test_random_walks_keep_the_invariants() -> None:
+    """Long seeded walks (hypothesis favours short runs): the same rules, the same
+    invariants after every step, 200 walks of 120 steps, a node lost in some."""
+    ended = {True: 0, False: 0}
+    for seed in range(200):
+        rng = random.Random(seed)
+        mch = ThreeNodes()
+        for _ in range(4):
+            mch.submit(rng.choice(NAMES), 0, False, False)
+        for _ in range(120):
+            _step(mch, rng)
+            mch.one_place_per_task()
+            mch.one_final_result()
+            mch.gpu_never_double_allocated()
+            mch.no_task_stranded_at_home()
+        mch.teardown()
+        for k in ended:
+            ended[k] += mch.ended[k]
+    assert ended[True] > 50 and ended[False] > 50, ended  # the walks reach both kinds
+
+
+def _step(mch: ThreeNodes, rng: random.Random) -> None:
+    n = rng.choice(NAMES)
+    r = rng.randrange(9)
+    actions: list[Any] = [
+        lambda: mch.submit(n, rng.choice([0, 300, 700]), rng.random() < 0.3, rng.random() < 0.5),
+        lambda: _place(mch, rng),
+        lambda: mch.deliver(n, rng.random() < 0.3),
+        lambda: mch.tick(n, rng.uniform(0.1, 30.0)),
+        lambda: mch.start(n),
+        lambda: mch.finish(n, rng.choice([0, 1])),
+        mch.settle,
+        lambda: rng.random() < 0.2 and mch.set_shares(n, rng.choice([0, 1024])),
+        lambda: rng.random() < 0.05 and not mch.killed and mch.kill(n),
+    ]
+    actions[r]()
+
+
+def _place(mch: ThreeNodes, rng: random.Random) -> None:
+    live = [x for x in mch._live() if x.placements]
+    if live:
+        mch.place_one(rng.choice(live), rng.choice(NAMES))
