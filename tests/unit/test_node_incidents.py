@@ -57,7 +57,9 @@ def test_e5bcad0_offer_resumed_across_restart_fails_then_task_is_placed_again() 
     # restart of A: a new state from A's records and journal keys
     a2 = FakeNode("A")
     a2.state.records.store(a.state.records.active["t2"])
-    _, instrs = recovery.restore(a.kv, 0.0, a2.state.handoffs, a2.state.records.active, a2.state.gpus)
+    _, instrs = recovery.restore(
+        a.kv, 0.0, a2.state.handoffs, a2.state.records.active, a2.state.gpus
+    )
     a2.run(instrs)
     assert a2.state.home.entries["t2"].phase is h.HomePhase.OFFERING
     net2 = FakeNet(a2, b)
