@@ -133,6 +133,21 @@ class Log:
 
 
 @attrs.frozen
+class Explain:
+    """A decision about a task for `swarm explain` (kept in memory already): journal it."""
+
+    task_id: m.TaskId
+    record: dict[str, Any] = attrs.field(eq=False)
+
+
+@attrs.frozen
+class WakeAt:
+    """Wake the state (a `Wake` stimulus) at trio time `at`, or earlier."""
+
+    at: float
+
+
+@attrs.frozen
 class Later:
     """Carry these out in a task of their own (the caller must not wait on them)."""
 
@@ -154,6 +169,8 @@ Instruction = (
     | SendHandoff
     | LoadChanged
     | Log
+    | Explain
+    | WakeAt
     | Later
 )
 
@@ -220,4 +237,31 @@ class HandoffTick(Stimulus):
     """Retries of both handoff sides, and the expiry of old tombstones."""
 
 
-Event = HandoffOutputs | TaskStarted | TaskEnded | NodeDead | CancelRemote | HandoffTick
+@attrs.frozen
+class Wake(Stimulus):
+    """A WakeAt came due, or a peer's report or join may have changed the picture."""
+
+
+@attrs.frozen
+class PlaceTask(Stimulus):
+    """Place a queued task whose home is here."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
+class Sampled(Stimulus):
+    sample: Any  # policy.load.HostSample
+
+
+Event = (
+    Wake
+    | PlaceTask
+    | Sampled
+    | HandoffOutputs
+    | TaskStarted
+    | TaskEnded
+    | NodeDead
+    | CancelRemote
+    | HandoffTick
+)

@@ -10,7 +10,7 @@ it: place the task again".
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import model as m
 from ..cluster import handoff as h
@@ -32,6 +32,8 @@ class Location:
     handoffs: Handoffs
     pending_cancel: set[m.TaskId]
     awaiting_offer: set[m.TaskId]
+    decided: list[tuple[m.TaskId, bool, str]]
+    depth: int
     arrived: dict[m.TaskId, float]
     queued: Any
     running: Any
@@ -65,13 +67,21 @@ class Location:
 
     def _outcome(self, tid: m.TaskId, ok: bool, reason: str) -> ev.OfferOutcome:
         self.awaiting_offer.discard(tid)
+        self.decided.append((tid, ok, reason))
         return ev.OfferOutcome(tid, ok, reason)
 
-    def count_in_view(self, node: m.NodeId, spec: m.TaskSpec) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by the other parts of NodeState
 
-    def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]:
-        raise NotImplementedError
+        def count_in_view(self, node: m.NodeId, spec: m.TaskSpec) -> None:
+            raise NotImplementedError
+
+        def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]:
+            raise NotImplementedError
+
+        def offer_decided(
+            self, tid: m.TaskId, ok: bool, reason: str, now: float, wall: float
+        ) -> list[ev.Instruction]:
+            raise NotImplementedError
 
     # ------------------------------------------------------------ handoff
 
@@ -83,21 +93,30 @@ class Location:
         wall: float,
     ) -> list[ev.Instruction]:
         """Handoff outputs: decisions first, then the journal writes of the handoff
-        entries they touched (durable), then the sends."""
+        entries they touched (durable), then the sends. Placements whose offer got
+        decided go on after all of that (after the outermost apply)."""
         out: list[ev.Instruction] = []
         sends: list[h.Send] = []
         touched: set[m.TaskId] = set(task_ids)
-        for o in outs:
-            if isinstance(o, h.Send):
-                sends.append(o)
-                touched.add(o.request.task_id)
-            else:
-                touched.add(o.task_id)
-                out += self.decide(o, now, wall)
+        self.depth += 1
+        try:
+            for o in outs:
+                if isinstance(o, h.Send):
+                    sends.append(o)
+                    touched.add(o.request.task_id)
+                else:
+                    touched.add(o.task_id)
+                    out += self.decide(o, now, wall)
+        finally:
+            self.depth -= 1
         ops = self.handoffs.persist_ops(touched, wall)
         if ops:
             out.append(ev.Persist(tuple(ops), durable=True))
         out += [ev.SendHandoff(s) for s in sends]
+        if self.depth == 0:
+            while self.decided:
+                tid, ok, reason = self.decided.pop(0)
+                out += self.offer_decided(tid, ok, reason, now, wall)
         return out
 
     def decide(self, o: h.Output, now: float, wall: float) -> list[ev.Instruction]:

@@ -13,52 +13,106 @@ reads them through the two live collections it is given (`queued`, `running`).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Collection
+from typing import Any
 
 import attrs
 
 from .. import model as m
 from ..cluster import handoff as h
 from ..policy import gpu as gpupol
+from ..policy import load as loadpol
+from ..policy import placement as pl
 from ..policy import shares as sh
 from ..policy.view import LoadView
 from . import events as ev
 from . import gate
+from .loadstate import LoadState, unmeasured
 from .location import Location
+from .placing import Job, Placing
 from .records import TaskRecords
 from .recovery import Handoffs
 
 S = m.TaskState
 
 
-class NodeState(Location):
+def _never(_: m.Task) -> bool:
+    return False
+
+
+@attrs.frozen
+class Settings:
+    """How this node decides (the agent's options that the decisions read)."""
+
+    placement_d: int = 2
+    placement_rule: str = "two-choice"
+    gpu_policy: str = "binpack"
+    psi_target: float = 50.0
+    slots: int = 1
+    breaks: frozenset[str] = frozenset()  # TEST-ONLY chaos switches (testbreak.py)
+
+
+class NodeState(Location, LoadState, Placing):
     def __init__(
         self,
         node: m.NodeId,
         *,
         ledger: sh.ShareLedger,
         records: TaskRecords | None = None,
+        settings: Settings = Settings(),
         gpu_devices: tuple[gpupol.GpuDevice, ...] = (),
-        gpu_policy: str = "binpack",
         queued: Collection[m.TaskId] = (),
         running: Collection[m.TaskId] = (),
-        breaks: Collection[str] = (),
+        rng: random.Random | None = None,
+        state_held: Callable[[m.Task], bool] = _never,
+        admission_hook: Callable[[m.TaskSpec], str | None] | None = None,
+        isolation: str = "none",
+        criu: bool = False,
+        wall: float = 0.0,
     ) -> None:
         self.node = node
         self.records = records if records is not None else TaskRecords()
         self.ledger = ledger
         self.handoffs = Handoffs(node)
         self.gpus = gpupol.GpuAllocator(gpu_devices)
-        self.gpu_policy = gpu_policy
+        self.gpu_policy = settings.gpu_policy
         self.view = LoadView()
         self.globals = sh.GlobalTasks()
         self.queued = queued
         self.running = running
-        self.breaks = frozenset(breaks)
+        self.breaks = settings.breaks
+        self.rng = rng if rng is not None else random.Random()
+        self.d = settings.placement_d
+        self.placement_rule = settings.placement_rule
+        self.slots = settings.slots
+        # why a task may not run on this node at all (its user does not exist here,
+        # root tasks are off): the runtime knows the host's users
+        self.admission_hook = admission_hook
+        # the last disk read left in a decision: is a task's checkpoint here?
+        self.state_held = state_held
+        self.isolation = isolation
+        self.criu = criu
+        self.sample: loadpol.HostSample = unmeasured()
+        self.flex_cfg = loadpol.FlexConfig(
+            psi_cpu_target=settings.psi_target, psi_mem_target=settings.psi_target
+        )
+        self.flex = loadpol.FlexState.initial(self.flex_cfg)
+        self.peak = loadpol.PeakEstimator()
+        self.version = int(wall * 1000)
+        self.needs: dict[m.TaskId, pl.Needs] = {}
+        self.jobs: dict[m.TaskId, Job] = {}
+        self.explains: OrderedDict[m.TaskId, list[dict[str, Any]]] = OrderedDict()
         self.pending_cancel: set[m.TaskId] = set()  # cancel once the offer is decided
-        self.awaiting_offer: set[m.TaskId] = set()  # a placement waits for the outcome
+        self.awaiting_offer: set[m.TaskId] = set()  # someone waits for the offer's outcome
+        self.decided: list[tuple[m.TaskId, bool, str]] = []  # offers decided, for jobs
+        self.depth = 0  # nesting of apply(): decided offers go on after the outermost
         self.arrived: dict[m.TaskId, float] = {}  # when a queued task arrived (trio time)
         self.counters: dict[str, int] = {
+            "placements": 0,
+            "placed_local": 0,
+            "placed_remote": 0,
             "offers_refused": 0,
             "offers_failed": 0,
             "requeued_dead": 0,
@@ -82,6 +136,12 @@ class NodeState(Location):
                 out += self.cancel_remote(s.task_id, s.now, s.wall)
             elif isinstance(s, ev.HandoffTick):
                 out += self.tick(s.now, s.wall)
+            elif isinstance(s, ev.Wake):
+                out += self.wake(s.now, s.wall)
+            elif isinstance(s, ev.PlaceTask):
+                out += self.place(s.task_id, s.now, s.wall)
+            elif isinstance(s, ev.Sampled):
+                self.on_sample(s.sample, s.now)
         return out
 
     # ------------------------------------------------------------ helpers

@@ -189,3 +189,18 @@ def flex_refusal(
                 f" = {needm:.0f} > capacity {capacity.mem} bytes"
             )
     return None
+
+
+@attrs.frozen
+class HostSample:
+    """One measurement of the host (the runtime's sampler takes it; decisions read it)."""
+
+    cpu_util: float  # 0..1 of the whole machine since the previous sample
+    load_per_core: float  # 1-minute load average / logical CPUs
+    cpus: float  # logical CPUs usable by this process
+    mem_available: int
+    mem_total: int
+    psi_cpu: float  # some avg10, percent
+    psi_mem: float
+    cpu_used_cores: float  # cpu_util * cpus: usage in cores (for Flex)
+    mem_used: int

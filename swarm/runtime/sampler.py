@@ -10,23 +10,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import attrs
 import psutil
 
+from ..policy.load import HostSample
+
+__all__ = ["HostSample", "Sampler", "read_psi"]
+
 PSI_DIR = Path("/proc/pressure")
-
-
-@attrs.frozen
-class HostSample:
-    cpu_util: float  # 0..1 of the whole machine since the previous sample
-    load_per_core: float  # 1-minute load average / logical CPUs
-    cpus: float  # logical CPUs usable by this process
-    mem_available: int
-    mem_total: int
-    psi_cpu: float  # some avg10, percent
-    psi_mem: float
-    cpu_used_cores: float  # cpu_util * cpus: usage in cores (for Flex)
-    mem_used: int
 
 
 def read_psi(resource: str, root: Path = PSI_DIR) -> float:

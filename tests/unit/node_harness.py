@@ -13,7 +13,7 @@ from typing import Any
 from swarm import model as m
 from swarm.cluster import handoff as h
 from swarm.node import events as ev
-from swarm.node.state import NodeState
+from swarm.node.state import NodeState, Settings
 from swarm.policy import gpu as gpupol
 from swarm.policy import shares as sh
 
@@ -35,10 +35,10 @@ class FakeNode:
         self.state = NodeState(
             name,
             ledger=self.ledger,
+            settings=Settings(breaks=frozenset(breaks)),
             gpu_devices=gpu_devices,
             queued=self.queue,
             running=self.running,
-            breaks=breaks,
         )
         self.kv: dict[str, Any] = {}
         self.outbox: deque[h.Send] = deque()

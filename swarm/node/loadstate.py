@@ -1,0 +1,161 @@
+"""What this node says about its load, and what it may take: the local load report,
+Flex admission with fresh usage, the view of peers' reports and the run queue as
+transfer sees it (pure; the runtime's sampler feeds measurements in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import model as m
+from ..cluster import handoff as h
+from ..policy import gpu as gpupol
+from ..policy import load as loadpol
+from ..policy import placement as pl
+from ..policy import shares as sh
+from ..policy import transfer as tr
+from ..policy.view import LoadView
+from .records import TaskRecords
+
+S = m.TaskState
+NEEDS_CACHE = 100_000
+
+
+class LoadState:
+    """The load side of NodeState (state.py), which holds the fields below."""
+
+    node: m.NodeId
+    records: TaskRecords
+    ledger: sh.ShareLedger
+    gpus: gpupol.GpuAllocator
+    view: LoadView
+    queued: Any
+    arrived: dict[m.TaskId, float]
+    slots: int
+    isolation: str
+    criu: bool
+    sample: loadpol.HostSample
+    flex_cfg: loadpol.FlexConfig
+    flex: loadpol.FlexState
+    peak: loadpol.PeakEstimator
+    version: int
+    needs: dict[m.TaskId, pl.Needs]
+    state_held: Callable[[m.Task], bool]
+    admission_hook: Callable[[m.TaskSpec], str | None] | None
+
+    if TYPE_CHECKING:  # provided by the other parts of NodeState
+
+        @property
+        def guest(self) -> h.GuestSide:
+            raise NotImplementedError
+
+    def local_report(self, wall: float) -> m.LoadReport:
+        snap = self.ledger.snapshot()
+        s = self.sample
+        self.version = max(self.version + 1, int(wall * 1000))
+        return m.LoadReport(
+            node=self.node,
+            version=self.version,
+            shares=snap.shares,
+            reserved_shares=snap.reserved_shares,
+            weight_sum=snap.weight_sum,
+            queued=snap.queued,
+            running=snap.running,
+            slots=self.slots,
+            cpu_util=s.cpu_util,
+            load_per_core=s.load_per_core,
+            mem_available=s.mem_available,
+            mem_total=s.mem_total,
+            psi_cpu=s.psi_cpu,
+            psi_mem=s.psi_mem,
+            cpus=s.cpus,
+            isolation=self.isolation,
+            criu=self.criu,
+            gpus=self.gpus.summary(),
+        )
+
+    def on_sample(self, sample: loadpol.HostSample, now: float) -> None:
+        """A fresh host measurement: peak usage and Flex's over-commit factor follow."""
+        self.sample = sample
+        self.peak = self.peak.update(
+            now, loadpol.Usage(cpu=sample.cpu_used_cores, mem=sample.mem_used)
+        )
+        ok = loadpol.qos_holds(sample.psi_cpu, sample.psi_mem, self.flex_cfg)
+        self.flex = loadpol.flex_update(self.flex, self.flex_cfg, ok)
+
+    def usage(self) -> tuple[loadpol.Usage, loadpol.Capacity]:
+        s = self.sample
+        return self.peak.estimate, loadpol.Capacity(cpu=s.cpus, mem=s.mem_total)
+
+    def admit_here(self, spec: m.TaskSpec) -> pl.Admission:
+        """Admission with this node's fresh state (placement used gossip-age data)."""
+        usage, cap = self.usage()
+        return pl.admit(spec, self.ledger, self.flex, usage, cap, gpus=self.gpus.summary())
+
+    def admission_refusal(self, spec: m.TaskSpec) -> str | None:
+        """Why this node would not take an offered task now (None: it would)."""
+        if self.admission_hook is not None and (why := self.admission_hook(spec)):
+            return why
+        if spec.id in self.ledger:
+            return None
+        adm = self.admit_here(spec)
+        return None if adm.ok else adm.reason
+
+    def queue_view(self, now: float) -> list[tr.QueuedTask]:
+        """Queued (not started) tasks in the local run queue, as transfer sees them."""
+        out = []
+        for tid in self.queued:
+            t = self.records.active.get(tid)
+            if t is None or t.state is not S.QUEUED:
+                continue
+            pinned = t.spec.is_global or (t.spec.home != self.node and not self.guest.may_run(tid))
+            if not pinned:
+                pinned = self.state_held(t)  # its checkpoint is here, not there
+            needs = self.needs.get(tid)
+            if needs is None or len(self.needs) > NEEDS_CACHE:
+                if len(self.needs) > NEEDS_CACHE:
+                    self.needs.clear()
+                needs = self.needs[tid] = pl.Needs.of(t.spec)
+            arrived = self.arrived.get(tid, now)
+            out.append(tr.QueuedTask(tid, needs, t.spec.submitted_at, arrived, pinned))
+        return out
+
+
+def changed_meaningfully(old: m.LoadReport, new: m.LoadReport) -> bool:
+    """Worth a new gossip version now? Task counts, shares and GPU room always are;
+    measured usage only when it moved noticeably (sampling noise is not news, and at
+    rest every agent would otherwise gossip a new report every second)."""
+    if (
+        old.shares != new.shares
+        or old.reserved_shares != new.reserved_shares
+        or old.weight_sum != new.weight_sum
+        or old.queued != new.queued
+        or old.running != new.running
+        or old.slots != new.slots
+        or old.gpus != new.gpus
+        or old.isolation != new.isolation
+        or old.criu != new.criu
+    ):
+        return True
+    if abs(old.cpu_util - new.cpu_util) > 0.1 or abs(old.load_per_core - new.load_per_core) > 0.1:
+        return True
+    if abs(old.psi_cpu - new.psi_cpu) > 5.0 or abs(old.psi_mem - new.psi_mem) > 5.0:
+        return True
+    total = max(new.mem_total, 1)
+    return abs(old.mem_available - new.mem_available) / total > 0.05
+
+
+def unmeasured() -> loadpol.HostSample:
+    """The sample of a node not measured yet (tests, the simulator): idle, no PSI."""
+    return loadpol.HostSample(
+        cpu_util=0.0,
+        load_per_core=0.0,
+        cpus=1.0,
+        mem_available=1 << 30,
+        mem_total=1 << 30,
+        psi_cpu=0.0,
+        psi_mem=0.0,
+        cpu_used_cores=0.0,
+        mem_used=0,
+    )

@@ -1,0 +1,252 @@
+"""Placing a task whose home is this node: two choices on the stale view, the re-check
+here, offers to peers, and retries with back-off, as a state machine per task (pure).
+
+A placement that must wait (a back-off, an offer's outcome) keeps a `Job`; the state
+asks to be woken (`WakeAt`) and continues when the time comes, a peer's report or
+join kicks it, or its offer is decided. The common case, this node chosen and its own
+admission agreeing, is decided at once, with no job at all: the submit-to-start path
+has no trip through a scheduler.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .. import model as m
+from ..cluster import handoff as h
+from ..policy import gpu as gpupol
+from ..policy import placement as pl
+from ..policy import shares as sh
+from ..policy.view import LoadView
+from . import events as ev
+from .records import TaskRecords
+
+S = m.TaskState
+EXPLAIN_CACHE = 10_000  # tasks whose decisions stay in memory
+RETRY = pl.RetryPolicy(base=0.5, max_backoff=10.0)
+
+
+@attrs.define
+class Job:
+    retry: pl.PlacementRetry = attrs.field(factory=pl.PlacementRetry)
+    first: pl.Placement | None = None  # a decision taken moments ago, to carry out
+    offered: pl.Placement | None = None  # the decision whose offer is out
+
+
+class Placing:
+    """The placement side of NodeState (state.py), which holds the fields below."""
+
+    node: m.NodeId
+    records: TaskRecords
+    ledger: sh.ShareLedger
+    gpus: gpupol.GpuAllocator
+    view: LoadView
+    rng: random.Random
+    d: int
+    placement_rule: str
+    breaks: frozenset[str]
+    jobs: dict[m.TaskId, Job]
+    explains: OrderedDict[m.TaskId, list[dict[str, Any]]]
+    counters: dict[str, int]
+    state_held: Callable[[m.Task], bool]
+    handoffs: Any
+
+    if TYPE_CHECKING:  # provided by the other parts of NodeState
+
+        def local_report(self, wall: float) -> m.LoadReport:
+            raise NotImplementedError
+
+        def admit_here(self, spec: m.TaskSpec) -> pl.Admission:
+            raise NotImplementedError
+
+        def enqueue_local(
+            self, task: m.Task, now: float, front: bool = False
+        ) -> list[ev.Instruction]:
+            raise NotImplementedError
+
+        def offer(
+            self, tid: m.TaskId, target: m.NodeId, now: float, wall: float
+        ) -> tuple[str | None, list[ev.Instruction]]:
+            raise NotImplementedError
+
+    # ------------------------------------------------------------ decisions
+
+    def placeable(self, t: m.Task) -> bool:
+        """Is a task ready to be placed by two choices (rather than kept here, or no
+        longer ours to place)?"""
+        return not (
+            t.state is not S.QUEUED
+            or t.node != self.node
+            or t.id in self.ledger
+            or self.gpus.get(t.id) is not None
+            or self.state_held(t)
+            or (t.spec.reserve_shares and "oversubscribe" in self.breaks)
+        )
+
+    def choose(
+        self, spec: m.TaskSpec, now: float, wall: float, exclude: frozenset[m.NodeId] = frozenset()
+    ) -> pl.Placement:
+        local = self.local_report(wall)
+        if self.placement_rule == "random":  # the benchmarks' baseline
+            return place_random(self.node, spec, local, self.view, self.rng, exclude)
+        return pl.place(spec, local, self.view, self.rng, now, d=self.d, exclude=exclude)
+
+    def explain(self, tid: m.TaskId, rec: dict[str, Any], wall: float) -> ev.Explain:
+        """Keep a decision for `swarm explain`: in memory for recent tasks; the runtime
+        also journals it (read back for older tasks and after a restart)."""
+        rec = {"at": wall, **rec}
+        lst = self.explains.get(tid)
+        if lst is None:
+            lst = self.explains[tid] = []
+            while len(self.explains) > EXPLAIN_CACHE:
+                self.explains.popitem(last=False)
+        lst.append(rec)
+        del lst[:-20]
+        return ev.Explain(tid, rec)
+
+    def _run_here(
+        self, t: m.Task, p: pl.Placement, adm: pl.Admission, now: float, wall: float
+    ) -> list[ev.Instruction]:
+        rec = p.explain()
+        rec["outcome"] = ("runs here: " if adm.ok else "refused here: ") + adm.reason
+        out: list[ev.Instruction] = [self.explain(t.id, rec, wall)]
+        if adm.ok:
+            self.counters["placed_local"] += 1
+            out += self.enqueue_local(t, now)
+        return out
+
+    def place(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
+        """Place a queued task whose home is here (a no-op while it is being placed)."""
+        if tid in self.jobs:
+            return []
+        first: pl.Placement | None = None
+        t = self.records.active.get(tid)
+        if t is not None and self.placeable(t):
+            first = self.choose(t.spec, now, wall)
+            if first.target == self.node:
+                adm = self.admit_here(t.spec)
+                if adm.ok:
+                    self.counters["placements"] += 1
+                    return self._run_here(t, first, adm, now, wall)
+                first = None  # refused: the job records it and retries around it
+        self.jobs[tid] = Job(first=first)
+        return [ev.Later(tuple(self.step(tid, now, wall)))]
+
+    def step(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
+        """Carry a placement job on as far as it goes now."""
+        out: list[ev.Instruction] = []
+        while True:
+            job = self.jobs.get(tid)
+            if job is None or job.offered is not None:
+                return out
+            t = self.records.active.get(tid)
+            if t is None or t.state is not S.QUEUED or t.node != self.node or tid in self.ledger:
+                del self.jobs[tid]
+                return out
+            if t.spec.reserve_shares and "oversubscribe" in self.breaks:
+                del self.jobs[tid]  # TEST-ONLY: chaos self-test (testbreak.py)
+                return out + self.enqueue_local(t, now)
+            kept = self._kept_here(t)
+            if kept is not None:
+                del self.jobs[tid]
+                return [
+                    *out,
+                    self.explain(tid, {"outcome": kept}, wall),
+                    *self.enqueue_local(t, now),
+                ]
+            if not job.retry.ready(now):
+                return [*out, ev.WakeAt(job.retry.not_before)]
+            if job.first is not None:
+                p, job.first = job.first, None
+            else:
+                p = self.choose(t.spec, now, wall, job.retry.exclude)
+            self.counters["placements"] += 1
+            if p.target is None:
+                rec = p.explain()
+                rec["outcome"] = "waiting: " + p.summary
+                out.append(self.explain(tid, rec, wall))
+                job.retry = job.retry.on_no_target(now, RETRY, self.rng)
+                continue
+            if p.target == self.node:
+                adm = self.admit_here(t.spec)
+                out += self._run_here(t, p, adm, now, wall)
+                if adm.ok:
+                    del self.jobs[tid]
+                    return out
+                job.retry = job.retry.on_refusal(self.node, now, RETRY, self.rng)
+                continue
+            why, instrs = self.offer(tid, p.target, now, wall)
+            if why is None:
+                job.offered = p
+                return out + instrs
+            rec = p.explain()
+            rec["outcome"] = f"{p.target} refused: {why}"
+            out.append(self.explain(tid, rec, wall))
+            job.retry = job.retry.on_refusal(p.target, now, RETRY, self.rng)
+
+    def _kept_here(self, t: m.Task) -> str | None:
+        """Why a task must run here rather than be placed (None: place it)."""
+        if self.gpus.get(t.id) is not None:
+            # it holds a GPU slice here from before a restart: run it here again
+            return "runs here: holds its GPU slice"
+        he = self.handoffs.home.entries.get(t.id)
+        if (he is None or he.phase is h.HomePhase.LOCAL) and self.state_held(t):
+            # its checkpoint is here (it ran here, or its move failed): placing it
+            # elsewhere would restart it from scratch
+            return "runs here: its checkpoint is here"
+        return None
+
+    def offer_decided(
+        self, tid: m.TaskId, ok: bool, reason: str, now: float, wall: float
+    ) -> list[ev.Instruction]:
+        """The offer a placement job waited for is decided: record it and go on."""
+        job = self.jobs.get(tid)
+        if job is None or job.offered is None:
+            return []
+        p, job.offered = job.offered, None
+        rec = p.explain()
+        rec["outcome"] = f"handed to {p.target}" if ok else f"{p.target} refused: {reason}"
+        out: list[ev.Instruction] = [self.explain(tid, rec, wall)]
+        if ok:
+            self.counters["placed_remote"] += 1
+            # not the end: while the offer was out the holder may already have been
+            # declared dead and the task re-queued here; the job's first check decides
+            job.retry = pl.PlacementRetry()
+        else:
+            assert p.target is not None
+            job.retry = job.retry.on_refusal(p.target, now, RETRY, self.rng)
+        return out + self.step(tid, now, wall)
+
+    def wake(self, now: float, wall: float) -> list[ev.Instruction]:
+        """Time passed, or a peer's report or join came in: jobs go on where they can."""
+        out: list[ev.Instruction] = []
+        for tid in list(self.jobs):
+            out += self.step(tid, now, wall)
+        return out
+
+
+def place_random(
+    node: m.NodeId,
+    spec: m.TaskSpec,
+    local: m.LoadReport,
+    view: LoadView,
+    rng: random.Random,
+    exclude: frozenset[m.NodeId],
+) -> pl.Placement:
+    """Baseline for benchmarks: a uniformly random eligible node (this one included)."""
+    needs = pl.Needs.of(spec)
+    nodes = [n for n in view if n != node]
+    for _ in range(16):
+        i = rng.randrange(len(nodes) + 1)
+        pick = node if i == len(nodes) else nodes[i]
+        report = local if pick == node else view[pick].report
+        if pick not in exclude and pl.refusal(report, needs) is None:
+            return pl.Placement(spec.id, pick, pick == node, (), "random", 1, len(nodes), False)
+    return pl.Placement(
+        spec.id, None, False, (), "random: no eligible node drawn", 16, len(nodes), False
+    )

@@ -1,0 +1,104 @@
+"""The placement machine of NodeState: the fast path, offers, refusals, back-off and
+wake-ups, and the benchmark's random rule (commit 7edd1a8: it was never wired)."""
+
+from __future__ import annotations
+
+import random
+
+from swarm import model as m
+from swarm.node import events as ev
+from swarm.node.state import NodeState, Settings
+from swarm.policy import shares as sh
+
+from .node_harness import FakeNet, FakeNode
+
+S = m.TaskState
+
+
+def _flatten(instrs: list[ev.Instruction]) -> list[ev.Instruction]:
+    out: list[ev.Instruction] = []
+    for i in instrs:
+        out += _flatten(list(i.instructions)) if isinstance(i, ev.Later) else [i]
+    return out
+
+
+def _gossip(*nodes: FakeNode, at: float = 0.0) -> None:
+    """Every node learns every other node's current report."""
+    for n in nodes:
+        for other in nodes:
+            if other is not n:
+                n.state.view.upsert(other.state.local_report(at), at)
+
+
+def _busy(node: FakeNode, count: int) -> None:
+    for i in range(count):
+        spec = node.submit(m.TaskSpec(id=f"{node.name}-busy{i}", argv=("x",)))
+        node.run_here(spec.id)
+
+
+def test_alone_a_task_runs_here_at_once_with_no_job() -> None:
+    a = FakeNode("A")
+    a.submit(m.TaskSpec(id="t1", argv=("x",)))
+    out = a.state.place("t1", 0.0, 5.0)
+    assert "t1" not in a.state.jobs
+    assert ev.Enqueue("t1") in out
+    (explain,) = [i for i in out if isinstance(i, ev.Explain)]
+    assert explain.record["outcome"].startswith("runs here") and explain.record["at"] == 5.0
+
+
+def test_a_busier_home_offers_to_an_idle_peer_and_the_job_ends_when_it_is_handed() -> None:
+    a, b = FakeNode("A"), FakeNode("B")
+    net = FakeNet(a, b)
+    _busy(a, 6)
+    _gossip(a, b)
+    a.submit(m.TaskSpec(id="t2", argv=("x",)))
+    a.run(a.state.place("t2", 0.0, 0.0))
+    assert a.state.jobs["t2"].offered is not None
+    assert a.state.records.active["t2"].state is S.TRANSFERRING
+    net.deliver("A")  # the offer; its acceptance decides the job
+    assert "t2" not in a.state.jobs
+    assert a.state.records.active["t2"].node == "B"
+    assert a.state.explains["t2"][-1]["outcome"] == "handed to B"
+
+
+def test_a_refusal_is_recorded_and_the_next_choice_excludes_the_refuser() -> None:
+    a, b = FakeNode("A"), FakeNode("B")
+    _busy(a, 6)
+    _gossip(a, b)
+    a.submit(m.TaskSpec(id="t3", argv=("x",)))
+    a.run(a.state.place("t3", 0.0, 0.0))
+    send = a.outbox.popleft()
+    reply, instrs = b.state.on_request("A", send.request, 0.0, 0.0, refusal="no room")
+    b.run(instrs)
+    a.run(a.state.on_reply("B", send.request, reply, 0.0, 0.0))
+    outcomes = [r["outcome"] for r in a.state.explains["t3"]]
+    assert "B refused: no room" in outcomes
+    # B excluded: the only other choice is here, where admission agrees
+    assert outcomes[-1].startswith("runs here")
+    assert "t3" in a.queue and "t3" not in a.state.jobs
+
+
+def test_no_eligible_node_backs_off_and_a_wake_after_the_back_off_places_it() -> None:
+    a = FakeNode("A", shares=1024)
+    a.ledger.set_shares(0)  # drained: nowhere to run, not even here
+    a.submit(m.TaskSpec(id="t4", argv=("x",)))
+    out = _flatten(a.state.place("t4", 0.0, 0.0))
+    (wake,) = [i for i in out if isinstance(i, ev.WakeAt)]
+    assert wake.at > 0.0 and a.state.explains["t4"][-1]["outcome"].startswith("waiting")
+    assert a.state.wake(wake.at / 2, 0.0) == [ev.WakeAt(wake.at)]  # too early: same deadline
+    a.ledger.set_shares(1024)
+    out = a.state.wake(wake.at, 1.0)
+    assert ev.Enqueue("t4") in out and "t4" not in a.state.jobs
+
+
+def test_7edd1a8_the_random_rule_is_the_one_that_decides() -> None:
+    state = NodeState(
+        "A",
+        ledger=sh.ShareLedger(),
+        settings=Settings(placement_rule="random"),
+        rng=random.Random(3),
+    )
+    state.records.store(m.new_task(m.TaskSpec(id="t5", argv=("x",), home="A"), 0.0, "A"))
+    out = state.place("t5", 0.0, 0.0)
+    (explain,) = [i for i in out if isinstance(i, ev.Explain)]
+    assert "random" in str(explain.record)
