@@ -134,7 +134,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     import trio
 
-    from .agent import AGENT_UMASK, Agent
+    from .agent import Agent
+    from .runtime.startup import AGENT_UMASK
 
     os.umask(AGENT_UMASK)  # the journal, logs and state are private (tasks: TASK_UMASK)
     try:

@@ -29,6 +29,7 @@ import trio
 
 from .. import wire
 from ..logs import NULL_LOG, EventLog
+from .clock import Clock
 
 # Connection limits: one local user must not lock every other user (or root) out by
 # holding connections open. Each uid gets at most MAX_PER_UID at once; all non-root
@@ -89,6 +90,18 @@ def _error(code: str, message: str) -> Reply:
     return {"v": wire.PROTOCOL_VERSION, "ok": False, "error": code, "message": message}
 
 
+def new_stats() -> dict[str, int]:
+    """The server's counters (ApiServer.stats)."""
+    return {
+        "connections": 0,
+        "requests": 0,
+        "bad_requests": 0,
+        "bad_frames": 0,
+        "refused_busy": 0,
+        "idle_closed": 0,
+    }
+
+
 class ApiServer:
     def __init__(
         self,
@@ -102,21 +115,17 @@ class ApiServer:
         max_connections: int = MAX_CONNECTIONS,
         max_per_uid: int = MAX_PER_UID,
         idle_timeout: float = IDLE_TIMEOUT,
+        clock: Clock | None = None,
+        stats: dict[str, int] | None = None,
     ) -> None:
         self.path = path
+        self.clock = clock or Clock.system()
         self.ops = ops
         self.group = group
         self.mode = mode
         self.log = log
         self.max_frame = max_frame
-        self.stats: dict[str, int] = {
-            "connections": 0,
-            "requests": 0,
-            "bad_requests": 0,
-            "bad_frames": 0,
-            "refused_busy": 0,
-            "idle_closed": 0,
-        }
+        self.stats = new_stats() if stats is None else stats  # given: read by runtime/stats
         self.max_connections = max_connections
         self.max_per_uid = max_per_uid
         self.idle_timeout = idle_timeout
@@ -218,7 +227,7 @@ class ApiServer:
         refusal = self._admit(cred.uid)
         if refusal is not None:
             self.stats["refused_busy"] += 1
-            now = trio.current_time()
+            now = self.clock.now()
             if now - self._refusals_logged >= 10.0:  # one line per 10 s at most
                 self._refusals_logged = now
                 self.log.warning("api.busy", uid=cred.uid, reason=refusal)
@@ -238,7 +247,7 @@ class ApiServer:
             # one cancel scope per connection, cancelled by _close_idle: a timeout
             # around every receive would cost a scope on every request's path
             with trio.CancelScope() as scope:
-                conn = _Conn(scope, trio.current_time())
+                conn = _Conn(scope, self.clock.now())
                 self._conns.add(conn)
                 try:
                     while True:
@@ -256,7 +265,7 @@ class ApiServer:
                         for req in reqs:
                             await self._dispatch(stream, req, cred)
                         conn.busy = False
-                        conn.last = trio.current_time()
+                        conn.last = self.clock.now()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
                 finally:
@@ -267,7 +276,7 @@ class ApiServer:
         times per timeout: a connection lives between 1 and 1.25 timeouts idle)."""
         while True:
             await trio.sleep(self.idle_timeout / 4)
-            now = trio.current_time()
+            now = self.clock.now()
             for conn in list(self._conns):
                 if not conn.busy and now - conn.last >= self.idle_timeout:
                     self._conns.discard(conn)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -30,6 +29,7 @@ from ..policy import placement as pl
 from ..policy import shares as sh
 from ..policy import transfer as tr
 from ..policy.view import LoadView
+from .clock import Clock
 from .journal import DelKV, Journal, PutKV
 from .journal import Event as JEvent
 from .logread import read_log
@@ -37,7 +37,7 @@ from .net import TransportError
 from .peers import ClusterNode, RemoteError
 from .runner import LocalRunner
 from .sampler import HostSample, Sampler
-from .tasks import TaskTable, UnknownTask, wall_now
+from .tasks import TaskTable, UnknownTask
 
 
 class MoveHooks(Protocol):
@@ -80,9 +80,11 @@ class Coordinator:
         gpu_policy: str = "binpack",
         mps: bool = False,
         rng: random.Random | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.node = node
         self.table = table
+        self.clock = clock or table.clock
         self.journal = journal
         self.runner = runner
         self.cluster = cluster
@@ -121,7 +123,9 @@ class Coordinator:
         self.isolation = "none"
         self.criu = False  # a working CRIU here (set by the agent at start-up)
         self.migrator: MoveHooks | None = None  # set by the agent
-        self._version = int(time.time() * 1000)
+        # load report versions: wall-clock milliseconds (a restarted node's reports
+        # supersede its previous life's), taken at the first report (in trio.run)
+        self._version = 0
         self._nursery: trio.Nursery | None = None
         self._kick_place = trio.Event()
         self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
@@ -149,7 +153,7 @@ class Coordinator:
     # ----------------------------------------------------------- persistence
 
     def restore(self, kv: dict[str, Any]) -> None:
-        now = wall_now()
+        now = self.clock.wall()
         gpu_records: list[tuple[m.TaskId, Any]] = []
         for key, value in kv.items():
             try:
@@ -193,7 +197,7 @@ class Coordinator:
 
     def _persist_ops(self, task_ids: Iterable[m.TaskId]) -> list[Any]:
         ops: list[Any] = []
-        now = wall_now()
+        now = self.clock.wall()
         for tid in set(task_ids):
             he = self.home.entries.get(tid)
             if he is not None:
@@ -225,13 +229,7 @@ class Coordinator:
             self._nursery = nursery
             if self.cluster is not None:
                 self.cluster.on_event = self.on_event
-                self.cluster.rpc.update(
-                    handoff=self.rpc_handoff,
-                    probe=self.rpc_probe,
-                    steal=self.rpc_steal,
-                    logs=self.rpc_logs,
-                    task=self.rpc_task,
-                )
+                # its peer routes are in runtime/routes.py, installed by the agent
             nursery.start_soon(self._report_loop)
             nursery.start_soon(self._handoff_tick_loop)
             if self.cluster is not None and self.transfer_on:
@@ -255,7 +253,7 @@ class Coordinator:
     def local_report(self) -> m.LoadReport:
         snap = self.ledger.snapshot()
         s = self.sample
-        self._version = max(self._version + 1, int(time.time() * 1000))
+        self._version = max(self._version + 1, int(self.clock.wall() * 1000))
         return m.LoadReport(
             node=self.node,
             version=self._version,
@@ -283,7 +281,11 @@ class Coordinator:
 
     async def _report_loop(self) -> None:
         while True:
-            now = trio.current_time()
+            # the one place the agent's wall clock follows the system's (an NTP step)
+            moved = self.clock.resync()
+            if abs(moved) >= 1.0:
+                self.log.warning("clock.stepped", seconds=round(moved, 3))
+            now = self.clock.now()
             self.sample = self.sampler.sample()
             self.peak = self.peak.update(
                 now, loadpol.Usage(cpu=self.sample.cpu_used_cores, mem=self.sample.mem_used)
@@ -298,7 +300,7 @@ class Coordinator:
 
     def publish_load(self, report: m.LoadReport | None = None) -> None:
         if self.cluster is not None:
-            self._published_at = trio.current_time()
+            self._published_at = self.clock.now()
             report = report if report is not None else self.local_report()
             self._last_published = report
             self.cluster.set_local_load(report)
@@ -317,7 +319,7 @@ class Coordinator:
         self._nursery.start_soon(self._publish_later)
 
     async def _publish_later(self) -> None:
-        await trio.sleep(max(0.0, self._published_at + self.min_publish_gap - trio.current_time()))
+        await trio.sleep(max(0.0, self._published_at + self.min_publish_gap - self.clock.now()))
         self._publish_pending = False
         self.publish_load()
 
@@ -337,7 +339,7 @@ class Coordinator:
     def queue_view(self) -> list[tr.QueuedTask]:
         """Queued (not started) tasks in the local run queue, as transfer sees them."""
         out = []
-        now = trio.current_time()
+        now = self.clock.now()
         for tid in self.runner.queue:
             t = self.table.active.get(tid)
             if t is None or t.state is not S.QUEUED:
@@ -367,7 +369,7 @@ class Coordinator:
         first: pl.Placement | None = None  # a remote choice, for _place_task to carry out
         t = self.table.active.get(tid)
         if t is not None and self._placeable(t):
-            first = self._choose_node(t.spec, self.local_report(), trio.current_time())
+            first = self._choose_node(t.spec, self.local_report(), self.clock.now())
             if first.target == self.node:
                 adm = self._admit_here(t)
                 if adm.ok:
@@ -417,7 +419,7 @@ class Coordinator:
     def _record_explain(self, tid: m.TaskId, rec: dict[str, Any]) -> None:
         """Keep a decision for `swarm explain`: in memory for recent tasks, and as an
         append-only journal event (read back for older tasks and after a restart)."""
-        rec = {"at": wall_now(), **rec}
+        rec = {"at": self.clock.wall(), **rec}
         lst = self.explains.get(tid)
         if lst is None:
             lst = self.explains[tid] = []
@@ -436,7 +438,7 @@ class Coordinator:
     def _enqueue_local(self, task: m.Task, front: bool = False) -> None:
         if task.id not in self.ledger:
             self.ledger.add(task.spec)
-        self.arrived.setdefault(task.id, trio.current_time())
+        self.arrived.setdefault(task.id, self.clock.now())
         if front:
             self.runner.queue.appendleft(task.id)
             self.runner.kick()
@@ -478,7 +480,7 @@ class Coordinator:
                     self._record_explain(tid, {"outcome": "runs here: its checkpoint is here"})
                     self._enqueue_local(t)
                     return
-                now = trio.current_time()
+                now = self.clock.now()
                 if not retry.ready(now):
                     with trio.move_on_after(retry.not_before - now):
                         await self._kick_place.wait()
@@ -512,7 +514,7 @@ class Coordinator:
                     # no-op while this loop runs); the loop's top check decides
                     retry = pl.PlacementRetry()
                     continue
-                retry = retry.on_refusal(p.target, trio.current_time(), policy, self.rng)
+                retry = retry.on_refusal(p.target, self.clock.now(), policy, self.rng)
         finally:
             self.placing.discard(tid)
 
@@ -546,7 +548,7 @@ class Coordinator:
             return False, f"handoff busy ({e.phase.value})"
         if t.state is S.QUEUED:  # a MIGRATING task stays so until committed or failed
             self.table.change(tid, S.TRANSFERRING, f"offering to {target}", node=self.node)
-        outs = self.home.offer(t.spec, target, trio.current_time())
+        outs = self.home.offer(t.spec, target, self.clock.now())
         done = trio.Event()
         result: list[tuple[bool, str]] = []
         self._offer_waiters[tid] = (done, result)
@@ -628,7 +630,7 @@ class Coordinator:
             self._offer_outcome(t.id, True, "")
             if t.id in self.pending_cancel:
                 self.pending_cancel.discard(t.id)
-                await self.apply(self.home.cancel(t.id, trio.current_time()), t.id)
+                await self.apply(self.home.cancel(t.id, self.clock.now()), t.id)
         # else: a fence (same holder, new epoch); nothing changes in the record
 
     async def _on_offer_failed(self, o: h.OfferFailed) -> None:
@@ -699,7 +701,7 @@ class Coordinator:
             # the home did not carry out our move: run it here again, from its checkpoint
             t = self.table.change(tid, S.QUEUED, "move not carried out: runs here again")
         if t is None or t.state is not S.QUEUED:
-            task = m.new_task(e.spec, wall_now(), self.node, cause=f"accepted from {e.home}")
+            task = m.new_task(e.spec, self.clock.wall(), self.node, cause=f"accepted from {e.home}")
             self.table.replace(task)
             t = task
         if tid not in self.runner.queue and tid not in self.runner.running:
@@ -741,8 +743,8 @@ class Coordinator:
             t = await self.table.change_durably(tid, S.CANCELLED, "cancelled by home")
             await self.apply(
                 self.guest.finished(
-                    h.Report(tid, 0, "cancelled", reason="cancelled", at=wall_now()),
-                    trio.current_time(),
+                    h.Report(tid, 0, "cancelled", reason="cancelled", at=self.clock.wall()),
+                    self.clock.now(),
                 ),
                 tid,
             )
@@ -765,7 +767,7 @@ class Coordinator:
             self.log.debug("handoff.rpc_failed", dest=s.dest, kind=type(req).__name__, error=str(e))
         finally:
             self._inflight.discard((s.dest, req))
-        now = trio.current_time()
+        now = self.clock.now()
         if isinstance(req, (h.Offer, h.Commit, h.Abort, h.Revoke, h.Cancel)):
             outs = self.home.on_reply(s.dest, req, reply, now)
         else:
@@ -777,12 +779,12 @@ class Coordinator:
             # retries are due only while something is in flight: idle nodes wake rarely
             busy = self.guest.entries or any(True for _ in self.home.busy())
             await trio.sleep(0.2 if busy else 1.0)
-            now = trio.current_time()
+            now = self.clock.now()
             outs = self.home.tick(now) + self.guest.tick(now)
             if outs:
                 await self.apply(outs)
             # forget tombstones after a while
-            cutoff = wall_now() - TOMB_TTL
+            cutoff = self.clock.wall() - TOMB_TTL
             for tid in [t for t, at in self.tomb_at.items() if at < cutoff]:
                 self.tomb_at.pop(tid, None)
                 self.guest.tombstones.pop(tid, None)
@@ -794,7 +796,7 @@ class Coordinator:
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
     ) -> dict[str, Any]:
         r = h.request_from_wire(req.get("req"))
-        now = trio.current_time()
+        now = self.clock.now()
         outs: list[h.Output] = []
         if isinstance(r, h.Offer):
             refusal = self._admission_refusal(r.spec)
@@ -918,7 +920,7 @@ class Coordinator:
             # final report makes it unnecessary, which saves an RPC per short task.
             outs = [
                 o
-                for o in self.guest.started(task.id, trio.current_time())
+                for o in self.guest.started(task.id, self.clock.now())
                 if not (isinstance(o, h.Send) and isinstance(o.request, h.Report))
             ]
             self._spawn(self._apply_now, outs, task.id)
@@ -955,9 +957,9 @@ class Coordinator:
                 exit_code=task.exit_code,
                 signal=task.signal,
                 reason=task.reason,
-                at=wall_now(),
+                at=self.clock.wall(),
             )
-            self._spawn(self._apply_now, self.guest.finished(rep, trio.current_time()), task.id)
+            self._spawn(self._apply_now, self.guest.finished(rep, self.clock.now()), task.id)
 
     async def _apply_now(self, outs: list[h.Output], tid: m.TaskId) -> None:
         await self.apply(outs, tid)
@@ -973,7 +975,7 @@ class Coordinator:
         if e is not None and e.phase is h.HomePhase.OFFERING:
             self.pending_cancel.add(tid)
             return
-        await self.apply(self.home.cancel(tid, trio.current_time()), tid)
+        await self.apply(self.home.cancel(tid, self.clock.now()), tid)
 
     # ------------------------------------------------------------ membership
 
@@ -992,7 +994,7 @@ class Coordinator:
                 return
             if ev.kind in (EventKind.DEAD, EventKind.LEFT):
                 self.view.remove(node)
-                outs = self.home.on_node_dead(node, trio.current_time())
+                outs = self.home.on_node_dead(node, self.clock.now())
                 if outs:
                     self.log.info("handoff.node_dead", peer=node, tasks=len(outs))
                     self._spawn(self._apply_now, outs, "")
@@ -1014,7 +1016,7 @@ class Coordinator:
             await trio.sleep(self.transfer.cfg.round_interval)
             if self.cluster is None:
                 continue
-            now = trio.current_time()
+            now = self.clock.now()
             actions = self.transfer.step(
                 now, self.local_report(), self.queue_view(), self.view, self.rng
             )
@@ -1034,7 +1036,7 @@ class Coordinator:
             except (TransportError, RemoteError, wire.WireError):
                 return
             more = self.transfer.on_probe_reply(
-                trio.current_time(), reply, self.local_report(), self.queue_view()
+                self.clock.now(), reply, self.local_report(), self.queue_view()
             )
             for b in more:
                 await self._transfer_action(b)
@@ -1062,7 +1064,7 @@ class Coordinator:
         if t.spec.home == self.node:
             ok, _ = await self.offer_home_task(tid, peer)
             return ok
-        outs = self.guest.request_move(tid, peer, trio.current_time())
+        outs = self.guest.request_move(tid, peer, self.clock.now())
         if not outs:
             self.runner.queue.appendleft(tid)
             return False
@@ -1072,14 +1074,14 @@ class Coordinator:
     async def rpc_probe(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
         request = _probe_from_wire(req.get("req"))
         reply = self.transfer.on_probe(
-            trio.current_time(), request, self.local_report(), self.queue_view()
+            self.clock.now(), request, self.local_report(), self.queue_view()
         )
         return {"reply": _probe_reply_to_wire(reply)}
 
     async def rpc_steal(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
         request = _probe_from_wire(req.get("req"))
         tid = self.transfer.on_steal(
-            trio.current_time(), request, self.local_report(), self.queue_view()
+            self.clock.now(), request, self.local_report(), self.queue_view()
         )
         if tid is None:
             return {"task": None}
@@ -1152,7 +1154,7 @@ class Coordinator:
         has_shares = sh.cluster_has_shares(self.local_report(), self.view)
         delta = sh.global_delta(self.globals, active, finished, has_shares=has_shares)
         for spec in delta.start:
-            task = m.new_task(spec, wall_now(), self.node, cause="global task")
+            task = m.new_task(spec, self.clock.wall(), self.node, cause="global task")
             try:
                 # queued to run once written (a failed fsync after that leaves it
                 # running: the global set, not this record, says it should run here)

@@ -91,6 +91,7 @@ class Identities:
         allow_root: bool = False,
         getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam,
         grouplist: Callable[[str, int], list[int]] = os.getgrouplist,
+        # the agent passes its Clock's now(); time.monotonic for callers outside trio
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node = node
@@ -719,6 +720,15 @@ class TaskIsolation:
 
     def admission_refusal(self, spec: m.TaskSpec) -> str | None:
         return self.identities.refusal(spec)
+
+    def owner_of(self, spec: m.TaskSpec) -> tuple[int, int] | None:
+        """Whom a task's received state belongs to here, (uid, gid); None: the agent's
+        user (no user switching, or the user cannot be resolved here)."""
+        try:
+            ident = self.identities.resolve(spec)
+        except PlanRefused:
+            return None
+        return None if ident is None else (ident.uid, ident.gid)
 
     def plan(self, task: m.Task, plan: ProcessPlan) -> ProcessPlan:
         """Runner plan hook: the user to run as, and the task's cgroup."""

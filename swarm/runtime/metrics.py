@@ -1,4 +1,5 @@
-"""Opt-in Prometheus endpoint (`--metrics ADDR:PORT`), read from the agent at scrape time.
+"""Opt-in Prometheus endpoint (`--metrics ADDR:PORT`), read from the node's stats
+snapshot (runtime/stats.py, the one `swarm info` answers) at scrape time.
 
 The agent already counts everything (coordinator, transport, membership, API,
 journal); this module only renders those counters in the Prometheus text format
@@ -19,18 +20,17 @@ only `--metrics` is refused, with the command that installs it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
 
-from .. import model as m
 from ..config import ConfigError
 from ..logs import NULL_LOG, EventLog
 
-# the agent is read through its attributes (typed Any: the agent module imports this
-# one, and a type-only import back would make the layers a circle)
-Agent = Any
+# the node's stats snapshot (runtime/stats.py, `Stats.snapshot(detail=True)`): the
+# same dict `swarm info` answers, plus a few figures only rendered here
+Snapshot = Callable[[], dict[str, Any]]
 
 MAX_REQUEST = 8192
 CLIENT_TIMEOUT = 10.0
@@ -61,10 +61,10 @@ def require_client() -> None:
 
 
 class AgentCollector:
-    """A prometheus-client collector reading one agent's counters."""
+    """A prometheus-client collector reading one agent's stats snapshot."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
 
     def describe(self) -> list[Any]:
         return []  # unchecked collector: families come from collect()
@@ -72,7 +72,7 @@ class AgentCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        a = self.agent
+        a = self.snapshot()
 
         def gauge(name: str, doc: str, value: float | None = None, labels: Any = ()) -> Any:
             g = GaugeMetricFamily(name, doc, labels=list(labels))
@@ -91,35 +91,30 @@ class AgentCollector:
 
         info.add_metric([__version__], 1)
         yield info
-        yield gauge("swarm_start_time_seconds", "agent start, unix time", a.started_at)
+        yield gauge("swarm_start_time_seconds", "agent start, unix time", a["started_at"])
         iso = gauge("swarm_isolation_info", "task isolation in use (always 1)", labels=["kind"])
-        iso.add_metric([a.isolation.kind], 1)
+        iso.add_metric([a["isolation"]], 1)
         yield iso
 
         # ---------------------------------------------------------- tasks
-        yield gauge("swarm_slots", "tasks this node runs at once", a.runner.slots)
-        yield gauge("swarm_shares", "this node's shares (0 = draining)", a.ledger.shares)
-        yield gauge("swarm_running_tasks", "task processes running here", len(a.runner.running))
-        yield gauge("swarm_run_queue_length", "tasks queued to run here", len(a.runner.queue))
-        by_state = {s.value: 0 for s in m.TaskState if not s.terminal}
-        for t in a.table.active.values():
-            by_state[t.state.value] = by_state.get(t.state.value, 0) + 1
+        yield gauge("swarm_slots", "tasks this node runs at once", a["slots"])
+        yield gauge("swarm_shares", "this node's shares (0 = draining)", a["shares"])
+        yield gauge("swarm_running_tasks", "task processes running here", a["running"])
+        yield gauge("swarm_run_queue_length", "tasks queued to run here", a["queued"])
         tasks = gauge("swarm_tasks", "unfinished tasks known here, by state", labels=["state"])
-        for state, n in sorted(by_state.items()):
+        for state, n in sorted(a["tasks_by_state"].items()):
             tasks.add_metric([state], n)
         yield tasks
         moves = counter(
             "swarm_task_transitions", "task state changes, by new state", labels=["state"]
         )
-        for s in m.TaskState:
-            moves.add_metric([s.value], a.table.counts.get(s.value, 0))
+        for state, n in a["transitions"].items():
+            moves.add_metric([state], n)
         yield moves
-        yield counter(
-            "swarm_task_oom_kills", "tasks killed at their memory limit", a.isolation.oom_kills
-        )
+        yield counter("swarm_task_oom_kills", "tasks killed at their memory limit", a["oom_kills"])
 
         # ---------------------------------------------------- coordinator
-        c = a.coord.counters
+        c = a["coordinator"]
         yield counter(
             "swarm_placement_attempts", "placement decisions taken", c.get("placements", 0)
         )
@@ -151,7 +146,7 @@ class AgentCollector:
         yield counter("swarm_tasks_lost", "no-retry tasks lost with their node", c.get("lost", 0))
 
         # ----------------------------------------------------- migration
-        mc = a.migrator.counters
+        mc = a["migration"]
         outcomes = counter(
             "swarm_migrations",
             "migrations started here (as the source), by outcome",
@@ -176,29 +171,23 @@ class AgentCollector:
         yield gauge(
             "swarm_migrations_in_flight",
             "migrations in flight at this node (in and out)",
-            len(a.migrator.outgoing) + len(a.migrator.incoming),
+            mc["in_flight_out"] + mc["in_flight_in"],
         )
-        yield gauge("swarm_criu_available", "a working CRIU is usable here (0/1)", a.coord.criu)
+        yield gauge("swarm_criu_available", "a working CRIU is usable here (0/1)", int(mc["criu"]))
 
         # ----------------------------------------------------- membership
-        ms = a.cluster.membership
         peers = gauge("swarm_peers", "cluster members known here, by state", labels=["state"])
-        counts = {s.value: 0 for s in m.MemberState}
-        if ms is not None:
-            for mb in ms.members():
-                counts[mb.state.value] += 1
-        for state, n in counts.items():
+        for state, n in a["peers_by_state"].items():
             peers.add_metric([state], n)
         yield peers
-        yield from _gossip(ms.stats if ms is not None else {})
-        yield _probe_rtt(ms.probe_rtt if ms is not None else [], ms.probe_rtt_sum if ms else 0.0)
+        yield from _gossip(a["membership"])
+        yield _probe_rtt(a["probe_rtt"], a["probe_rtt_sum"])
 
         # ------------------------------------------------------ transport
-        tr = a.cluster.transport
-        yield from _transport(dict(tr.counters) if tr is not None else {})
+        yield from _transport(a["transport"])
 
         # ------------------------------------------------------- api, journal
-        api = a.api.stats
+        api = a["api"]
         yield counter(
             "swarm_api_connections", "submit-socket connections", api.get("connections", 0)
         )
@@ -207,13 +196,13 @@ class AgentCollector:
         bad.add_metric(["request"], api.get("bad_requests", 0))
         bad.add_metric(["frame"], api.get("bad_frames", 0))
         yield bad
-        yield counter("swarm_journal_commits", "journal commits (fsyncs)", a.journal.commits)
+        yield counter("swarm_journal_commits", "journal commits (fsyncs)", a["journal_commits"])
         yield counter(
             "swarm_journal_inline_commits",
             "journal commits written on the idle event loop rather than a thread",
-            a.journal.inline_commits,
+            a["journal_inline_commits"],
         )
-        yield counter("swarm_journal_ops", "journal records written", a.journal.ops_written)
+        yield counter("swarm_journal_ops", "journal records written", a["journal_ops"])
 
 
 def _gossip(st: Any) -> Iterator[Any]:
@@ -321,14 +310,14 @@ def _transport(c: dict[str, int]) -> Iterator[Any]:
 class MetricsServer:
     """Serves GET /metrics on one TCP address from the trio loop."""
 
-    def __init__(self, listen: str, agent: Agent, log: EventLog = NULL_LOG) -> None:
+    def __init__(self, listen: str, snapshot: Snapshot, log: EventLog = NULL_LOG) -> None:
         require_client()
         from prometheus_client import CollectorRegistry
 
         self.host, self.port = parse_listen(listen)
         self.log = log
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(AgentCollector(agent))  # type: ignore[arg-type]
+        self.registry.register(AgentCollector(snapshot))  # type: ignore[arg-type]
         self.scrapes = 0
         self.bound: tuple[str, int] | None = None
 

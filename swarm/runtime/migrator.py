@@ -53,15 +53,17 @@ from .. import wire
 from ..cluster import handoff as h
 from ..cluster import migrate as mx
 from ..logs import NULL_LOG, EventLog
+from ..node.config import profile_settings
 from ..policy import migration as pol
 from ..policy.view import PeerInfo, sample_peers
 from . import criu as criu_rt
+from .clock import Clock
 from .executor import ProcessPlan
 from .journal import DelKV, PutKV
 from .journal import Event as JEvent
 from .net import FramedStream, TransportError, collapse_single_group
 from .peers import RemoteError
-from .tasks import UnknownTask, wall_now
+from .tasks import UnknownTask
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -114,26 +116,27 @@ def parse_signal(name: str) -> int:
 
 
 def settings_for(config: Config) -> MigratorSettings:
-    """From the agent's options; the local profile (tests, loopback demos) is fast."""
-    local = config.profile == "local"
+    """From the agent's options; the profile's timings (local: tests, loopback demos,
+    fast)."""
+    t = profile_settings(config.profile).migration
     policy = pol.MigrationConfig(
         default_bandwidth=config.bandwidth,
         dry_run=config.migration == "dry-run",
-        cooldown=5.0 if local else 600.0,
-        rate=1.0 if local else 1.0 / 60,
+        cooldown=t.cooldown,
+        rate=t.rate,
         burst=2.0,
-        max_report_age=10.0 if local else 30.0,
+        max_report_age=t.max_report_age,
     )
     return MigratorSettings(
         mode=config.migration,
         policy=policy,
-        period=0.5 if local else 5.0,
+        period=t.period,
         checkpoint_signal=parse_signal(config.checkpoint_signal),
         checkpoint_timeout=config.checkpoint_timeout,
-        default_pause=0.5 if local else 2.0,
-        rpc_timeout=2.0 if local else 5.0,
-        move_timeout=60.0 if local else 120.0,
-        staged_ttl=60.0 if local else 300.0,
+        default_pause=t.default_pause,
+        rpc_timeout=t.rpc_timeout,
+        move_timeout=t.move_timeout,
+        staged_ttl=t.staged_ttl,
     )
 
 
@@ -350,10 +353,12 @@ class Migrator:
         coord: Coordinator,
         settings: MigratorSettings,
         *,
+        clock: Clock,
         criu: criu_rt.CriuStatus | None = None,
         log: EventLog = NULL_LOG,
     ) -> None:
         self.coord = coord
+        self.clock = clock
         self.s = settings
         self.criu = criu or criu_rt.CriuStatus(False, "not detected yet")
         self.log = log
@@ -403,14 +408,13 @@ class Migrator:
     # ------------------------------------------------------------- the loop
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        if self.coord.cluster is not None:
-            self.coord.cluster.rpc["migrate"] = self.rpc
+        # its peer route (`migrate`) is in runtime/routes.py, installed by the agent
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
             while True:
                 await trio.sleep(self.s.period)
-                self._expire(trio.current_time())
+                self._expire(self.clock.now())
                 if self.s.mode == "off" or self.coord.cluster is None:
                     continue
                 try:
@@ -420,7 +424,7 @@ class Migrator:
 
     async def round(self) -> list[pol.MigrationDecision]:
         """One decision round; returns the decisions (for tests and dry runs)."""
-        now = trio.current_time()
+        now = self.clock.now()
         pairs = await self._running(now)
         if not pairs:
             return []
@@ -483,7 +487,7 @@ class Migrator:
             size = await trio.to_thread.run_sync(dir_size, self.coord.runner.state_dir_of(t.id))
         if mode is MM.CRIU:
             size += self._memory_of(t.id)  # the image is about the size of its memory
-        last = None if arr is None else now - max(0.0, wall_now() - arr.arrived_at)
+        last = None if arr is None else now - max(0.0, self.clock.wall() - arr.arrived_at)
         return pol.RunningTask(
             task_id=t.id,
             mode=mode,
@@ -557,7 +561,7 @@ class Migrator:
             "gain": round(d.gain, 3),
             "cost": round(d.cost, 3),
             "state_bytes": rt.state_bytes,
-            "started_at": wall_now(),
+            "started_at": self.clock.wall(),
         }
         self.counters["started"] += 1
         self.log.info("migration.start", task=t.id, to=out.target, mode=out.mode.value, mid=out.mid)
@@ -569,7 +573,7 @@ class Migrator:
             self._put_back(t.id, "migration failed (internal error): runs here again")
         finally:
             self.outgoing.pop(t.id, None)
-        rec.update(outcome=outcome, detail=detail, ended_at=wall_now())
+        rec.update(outcome=outcome, detail=detail, ended_at=self.clock.wall())
         self.counters["outcome:" + outcome] += 1
         log = self.log.info if outcome == "moved" else self.log.warning
         log("migration." + outcome, task=t.id, to=out.target, detail=detail, mid=out.mid)
@@ -600,12 +604,12 @@ class Migrator:
             return "refused", f"{target} refused: {r.get('reason')}"
         # 2. stop it; if it does not stop, it runs on here and nothing else happens
         out.step = "stop"
-        t_stop, stopped_at = trio.current_time(), wall_now()
+        t_stop, stopped_at = self.clock.now(), self.clock.wall()
         why = await self._stop(t, out.mode)
         if why is not None:
             self._spawn(self._abort_at, target, tid, out.mid)
             return "not-stopped", why
-        rec["stop_s"] = round(trio.current_time() - t_stop, 4)
+        rec["stop_s"] = round(self.clock.now() - t_stop, 4)
         if out.cancel is not None:
             self._spawn(self._abort_at, target, tid, out.mid)
             await self._cancelled(tid, out.cancel)
@@ -636,11 +640,11 @@ class Migrator:
                 return "undecided", why
             self._spawn(self._abort_at, target, tid, out.mid)
             return "failed", f"move: {why}"
-        handover = trio.current_time() - t_stop
+        handover = self.clock.now() - t_stop
         rec["handover_s"] = round(handover, 4)
         self.pauses = self.pauses.observe(out.mode.value, handover)
         self._forget(tid)
-        self.retained[tid] = (out.mid, trio.current_time())  # until the target started it
+        self.retained[tid] = (out.mid, self.clock.now())  # until the target started it
         return "moved", f"to {target}"
 
     async def _stop(self, t: m.Task, mode: m.MigrateMode) -> str | None:
@@ -722,7 +726,7 @@ class Migrator:
             t.id, out.mid, out.mode, len(entries), total, self.node, stopped_at, rt.age,
             rt.moves + 1, files,
         )  # fmt: skip
-        t0 = trio.current_time()
+        t0 = self.clock.now()
         self.log.info("migration.streaming", task=t.id, to=out.target, bytes=total)
         try:
             stream = await cluster.open_stream(
@@ -742,7 +746,7 @@ class Migrator:
         if not isinstance(reply, dict) or not reply.get("ok"):
             why = reply.get("reason") if isinstance(reply, dict) else "a malformed reply"
             raise MigrationError(f"{out.target} rejected the state: {why}")
-        return total, trio.current_time() - t0
+        return total, self.clock.now() - t0
 
     async def _stream_entries(
         self,
@@ -792,7 +796,7 @@ class Migrator:
         if t.spec.home in ("", self.node):
             # the home is here: offer it; _on_offer_failed re-queues it here on failure
             return await coord.offer_home_task(t.id, target)
-        outs = coord.guest.request_move(t.id, target, trio.current_time())
+        outs = coord.guest.request_move(t.id, target, self.clock.now())
         if not outs:
             self._put_back(t.id, "the handoff was not settled: runs here again")
             return False, "the handoff was not settled here"
@@ -856,12 +860,12 @@ class Migrator:
 
     def on_started(self, task: m.Task) -> None:
         tid = task.id
-        self.started[tid] = trio.current_time()
+        self.started[tid] = self.clock.now()
         self.incoming.pop(tid, None)
         arr = self.arrivals.get(tid)
         if arr is None or arr.resumed:
             return
-        pause = max(0.0, wall_now() - arr.stopped_at)
+        pause = max(0.0, self.clock.wall() - arr.stopped_at)
         self.arrivals[tid] = attrs.evolve(arr, resumed=True)
         self._journal_arrival(tid)
         self.counters["resumed"] += 1
@@ -870,7 +874,7 @@ class Migrator:
         self._record(
             task.spec,
             arr.mid,
-            {"resumed_on": self.node, "resumed_at": wall_now(), "pause_s": round(pause, 4)},
+            {"resumed_on": self.node, "resumed_at": self.clock.wall(), "pause_s": round(pause, 4)},
         )
 
     def on_stopped(self, task: m.Task) -> None:
@@ -986,7 +990,7 @@ class Migrator:
         self.recent.move_to_end(tid)
         while len(self.recent) > RECORD_CACHE:
             self.recent.popitem(last=False)
-        self.coord.journal.enqueue([JEvent(wall_now(), "migration", tid, self.node, rec)])
+        self.coord.journal.enqueue([JEvent(self.clock.wall(), "migration", tid, self.node, rec)])
 
     async def _send_record(self, home: m.NodeId, tid: m.TaskId, rec: dict[str, Any]) -> None:
         assert self.coord.cluster is not None
@@ -1089,7 +1093,7 @@ class Migrator:
         )
         if why is not None:
             return refuse(why)
-        self.incoming[tid] = Incoming(p.mid, sender, p.spec, trio.current_time())
+        self.incoming[tid] = Incoming(p.mid, sender, p.spec, self.clock.now())
         self.log.info("migration.prepared", task=tid, source=sender, mid=p.mid)
         return {"ok": True}
 
@@ -1104,7 +1108,7 @@ class Migrator:
             return
         root = self.coord.runner.task_state_root
         staging = root / INCOMING_DIR / f"{tid}.{secrets.token_hex(4)}"
-        t0 = trio.current_time()
+        t0 = self.clock.now()
         self.log.info("migration.receiving", task=tid, source=sender, bytes=begin.total)
         writer = _Writer(staging)
         send_ch, recv_ch = trio.open_memory_channel[mx.Action](8)
@@ -1126,7 +1130,7 @@ class Migrator:
                         for a in rx.feed(wire.decode_with(mx.frame_from_wire, obj)):
                             await send_ch.send(a)
             writer.close()
-            t_install = trio.current_time()
+            t_install = self.clock.now()
             final = self.coord.runner.state_dir_of(tid)
             owner = self.owner_of(inc.spec)
             await trio.to_thread.run_sync(install_state, staging, final, owner)
@@ -1145,8 +1149,8 @@ class Migrator:
                     pass
             return
         inc.staged = True
-        inc.since = trio.current_time()
-        secs = trio.current_time() - t0
+        inc.since = self.clock.now()
+        secs = self.clock.now() - t0
         self.arrivals[tid] = Arrival(
             mid=begin.mid,
             source=sender,
@@ -1154,7 +1158,7 @@ class Migrator:
             moves=begin.moves,
             age=begin.age,
             stopped_at=begin.stopped_at,
-            arrived_at=wall_now(),
+            arrived_at=self.clock.wall(),
             files=dict(begin.files),
         )
         self._journal_arrival(tid)
@@ -1165,6 +1169,6 @@ class Migrator:
             source=sender,
             bytes=rx.bytes,
             secs=round(secs, 4),
-            install_s=round(trio.current_time() - t_install, 4),
+            install_s=round(self.clock.now() - t_install, 4),
         )
         await stream.send({"ok": True, "bytes": rx.bytes, "seconds": secs}, timeout=10.0)

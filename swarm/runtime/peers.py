@@ -9,7 +9,6 @@ discovery, and serves peer RPCs (handoff, probes, logs...) on the same port.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,8 @@ from ..cluster.membership import (
 )
 from ..crypto import Keyring, Sealer
 from ..logs import NULL_LOG, EventLog
+from ..node.config import Profile
+from .clock import Clock
 from .discovery import (
     DiscoveredPeer,
     JoinBackoff,
@@ -51,7 +52,6 @@ from .net import (
 
 RpcHandler = Callable[[dict[str, Any], m.NodeId, FramedStream], Awaitable[dict[str, Any] | None]]
 
-SNAPSHOT_INTERVAL = 30.0
 POOL_PER_PEER = 8  # idle RPC connections kept per peer
 IDLE_CONN_TIMEOUT = 60.0  # a server closes an RPC connection idle this long
 
@@ -73,13 +73,15 @@ class ClusterNode:
         mdns: bool,
         mdns_interfaces: list[str],
         keyring: Keyring | None,
-        profile: str,
+        profile: Profile,
         state_dir: Path,
+        clock: Clock,
         faults: str | None = None,
         log: EventLog = NULL_LOG,
         rng: random.Random | None = None,
     ) -> None:
         self.node = node
+        self.clock = clock
         self.cluster = cluster
         self.bind = bind
         self.port = port
@@ -106,7 +108,7 @@ class ClusterNode:
     # ------------------------------------------------------------------ run
 
     def config(self) -> MembershipConfig:
-        return MembershipConfig.local() if self.profile == "local" else MembershipConfig.lan()
+        return self.profile.membership
 
     @property
     def addr(self) -> Addr:
@@ -122,7 +124,12 @@ class ClusterNode:
             advertise_host=self.advertise_host,
         )
         async with open_transport(
-            tconf, sealer, faults=self.faults, on_packet=self._on_packet, stream_handler=self._serve
+            tconf,
+            sealer,
+            faults=self.faults,
+            on_packet=self._on_packet,
+            stream_handler=self._serve,
+            clock=self.clock,
         ) as t:
             self.transport = t
             host, port = t.advertise
@@ -131,12 +138,12 @@ class ClusterNode:
                 addr=host,
                 port=port,
                 cluster=self.cluster,
-                incarnation=int(time.time()),
+                incarnation=int(self.clock.wall()),
             )
-            now = trio.current_time()
+            now = self.clock.now()
             # rotating probe order: rounds are numbered by the wall clock (NTP-shared)
             self.membership = Membership(
-                self.config(), me, self.rng, now, wall_offset=time.time() - now
+                self.config(), me, self.rng, now, wall_offset=self.clock.wall() - now
             )
             self.log.info("cluster.listening", addr=f"{host}:{port}", encrypted=sealer is not None)
             async with trio.open_nursery() as nursery:
@@ -155,7 +162,7 @@ class ClusterNode:
         ms = self.membership
         if ms is None:
             return
-        self._dispatch(ms.leave(trio.current_time()))
+        self._dispatch(ms.leave(self.clock.now()))
         with trio.move_on_after(timeout):
             while not ms.leave_complete and ms.num_live > 0:
                 await trio.sleep(0.05)
@@ -167,7 +174,7 @@ class ClusterNode:
         ms = self.membership
         if ms is None:
             return
-        out = ms.receive(src, payload, trio.current_time(), reliable)
+        out = ms.receive(src, payload, self.clock.now(), reliable)
         self._dispatch(out)
         self._drain_events()
         self._wake.set()
@@ -202,12 +209,13 @@ class ClusterNode:
         ms = self.membership
         assert ms is not None
         while True:
-            now = trio.current_time()
-            # follow wall-clock steps (NTP) so probe rounds stay aligned with peers'
-            ms.wall_offset = time.time() - now
+            now = self.clock.now()
+            # follow wall-clock steps (NTP) so probe rounds stay aligned with peers':
+            # the clock's offset, re-taken by its resync (the coordinator's report loop)
+            ms.wall_offset = self.clock.offset
             self._dispatch(ms.tick(now))
             self._drain_events()
-            delay = max(0.005, min(0.5, ms.next_deadline() - trio.current_time()))
+            delay = max(0.005, min(0.5, ms.next_deadline() - self.clock.now()))
             with trio.move_on_after(delay):
                 await self._wake.wait()
             self._wake = trio.Event()
@@ -242,7 +250,7 @@ class ClusterNode:
 
     def set_local_load(self, report: m.LoadReport) -> None:
         if self.membership is not None:
-            self.membership.set_local_load(report, trio.current_time())
+            self.membership.set_local_load(report, self.clock.now())
             self._wake.set()
 
     def broadcast_app(self, key: str, payload: dict[str, Any]) -> None:
@@ -267,7 +275,7 @@ class ClusterNode:
         if ms is None or not addrs:
             return
         self.counters["joins"] += 1
-        self._dispatch(ms.join(addrs, trio.current_time()))
+        self._dispatch(ms.join(addrs, self.clock.now()))
 
     async def _join_loop(self) -> None:
         """Join seeds and snapshot peers until someone answers; then keep quiet."""
@@ -277,7 +285,7 @@ class ClusterNode:
         targets = list(self.seed_addrs) + [(p.addr, p.port) for p in snap if p.node != self.node]
         if not targets:
             return
-        backoff = JoinBackoff(self.rng, base=0.5 if self.profile == "local" else 1.0, cap=30.0)
+        backoff = JoinBackoff(self.rng, base=self.profile.join_backoff_base, cap=30.0)
         while True:
             ms = self.membership
             assert ms is not None
@@ -329,7 +337,7 @@ class ClusterNode:
         }
         seen: dict[str, int] = {}
         while True:
-            await trio.sleep(5.0 if self.profile != "local" else 1.0)
+            await trio.sleep(self.profile.refused_report_interval)
             t = self.transport
             if t is None:
                 continue
@@ -348,7 +356,7 @@ class ClusterNode:
 
     async def _snapshot_loop(self) -> None:
         while True:
-            await trio.sleep(SNAPSHOT_INTERVAL if self.profile != "local" else 3.0)
+            await trio.sleep(self.profile.snapshot_interval)
             self._save_snapshot()
 
     def _save_snapshot(self) -> None:

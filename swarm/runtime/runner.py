@@ -67,6 +67,8 @@ class LocalRunner:
         can_start: StartGate | None = None,
         on_started: RunHook | None = None,
         on_finished: RunHook | None = None,
+        exit_hook: ExitHook | None = None,
+        checkpoint_exit_code: int = 85,
     ) -> None:
         self.table = table
         self.executor = executor
@@ -79,7 +81,7 @@ class LocalRunner:
         self.can_start = can_start
         self.on_started = on_started
         self.on_finished = on_finished
-        self.exit_hook: ExitHook | None = None
+        self.exit_hook = exit_hook
         self.blocked: dict[m.TaskId, str] = {}  # queued tasks that may not start, and why
         self.queue: deque[m.TaskId] = deque()
         self.running: set[m.TaskId] = set()
@@ -87,7 +89,7 @@ class LocalRunner:
         # tasks being stopped for a migration (the migrator sets this before it signals,
         # kills or dumps them): their end is "stopped to move", not a failure
         self.migrating: dict[m.TaskId, m.MigrateMode] = {}
-        self.checkpoint_exit_code = 85  # "checkpointed, move me" (set by the agent)
+        self.checkpoint_exit_code = checkpoint_exit_code  # "checkpointed, move me"
         self.stopping = False
         self._kick = trio.Event()
         self._idle = trio.Event()

@@ -137,8 +137,8 @@ async def test_a_drain_is_in_force_while_its_journal_write_is_in_flight(short_tm
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run)
         in_flight, release = _hold_share_writes(agent)
-        blocker = await agent.op_submit(_fields({"argv": ["sleep", "0.5"], "cwd": "/"}), CRED)
-        waiting = await agent.op_submit(_fields({"argv": ["true"], "cwd": "/"}), CRED)
+        blocker = await agent.ops.op_submit(_fields({"argv": ["sleep", "0.5"], "cwd": "/"}), CRED)
+        waiting = await agent.ops.op_submit(_fields({"argv": ["true"], "cwd": "/"}), CRED)
         with trio.fail_after(30):
             while (b := agent.table.get_cached(blocker["id"])) is None or (
                 b.state is not m.TaskState.RUNNING
@@ -147,7 +147,7 @@ async def test_a_drain_is_in_force_while_its_journal_write_is_in_flight(short_tm
         drained = trio.Event()
 
         async def drain() -> None:
-            await agent.op_shares(_fields({"drain": True}), CRED)
+            await agent.ops.shares.op_shares(_fields({"drain": True}), CRED)
             drained.set()
 
         nursery.start_soon(drain)
@@ -159,7 +159,7 @@ async def test_a_drain_is_in_force_while_its_journal_write_is_in_flight(short_tm
         assert t is not None and t.state is m.TaskState.QUEUED, t
         release.set()
         await drained.wait()
-        await agent.op_shares(_fields({"undrain": True}), CRED)
+        await agent.ops.shares.op_shares(_fields({"undrain": True}), CRED)
         with trio.fail_after(30):
             done = await agent.table.wait_terminal(waiting["id"])
         assert done.state is m.TaskState.SUCCEEDED
@@ -178,9 +178,9 @@ async def test_a_slow_drain_does_not_land_after_the_undrain_that_followed_it(
         await nursery.start(agent.run)
         in_flight, release = _hold_share_writes(agent)
         async with trio.open_nursery() as ops:
-            ops.start_soon(agent.op_shares, _fields({"drain": True}), CRED)
+            ops.start_soon(agent.ops.shares.op_shares, _fields({"drain": True}), CRED)
             await in_flight.wait()
-            ops.start_soon(agent.op_shares, _fields({"undrain": True}), CRED)
+            ops.start_soon(agent.ops.shares.op_shares, _fields({"undrain": True}), CRED)
             await trio.testing.wait_all_tasks_blocked()
             release.set()
         assert agent.ledger.shares == 1024

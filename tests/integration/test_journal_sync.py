@@ -129,7 +129,7 @@ async def test_a_submission_whose_fsync_fails_is_refused_and_does_not_run(
     agent = _agent(short_tmp)
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run)
-        ok = await agent.op_submit(_fields({"argv": ["true"], "cwd": "/"}), CRED)
+        ok = await agent.ops.op_submit(_fields({"argv": ["true"], "cwd": "/"}), CRED)
         with trio.fail_after(30):
             assert (await agent.table.wait_terminal(ok["id"])).state is m.TaskState.SUCCEEDED
         marker = short_tmp / "ran-on"
@@ -144,7 +144,7 @@ async def test_a_submission_whose_fsync_fails_is_refused_and_does_not_run(
         agent.runner.on_started = on_started
         syncs.fail = True
         with pytest.raises(RequestError) as e:
-            await agent.op_submit(_fields({"argv": ["sh", "-c", script], "cwd": "/"}), CRED)
+            await agent.ops.op_submit(_fields({"argv": ["sh", "-c", script], "cwd": "/"}), CRED)
         syncs.fail = False
         assert e.value.code == "journal" and "not accepted" in str(e.value)
         assert len(pids) == 1, "the task did not start during the fsync"

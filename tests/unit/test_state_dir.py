@@ -1,5 +1,6 @@
 """The agent's state dir and task-log dir modes (issue #17, item 9): made private,
-and tightened when an older agent left them looser (swarm.agent.private_state_dir)."""
+and tightened when an older agent left them looser
+(swarm.runtime.startup.private_state_dir)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm import agent
+from swarm.runtime import startup
 
 
 def _mode(p: Path) -> int:
@@ -24,7 +25,7 @@ def test_made_private_whatever_the_umask(
     state = tmp_path / "a" / "state"
     old = os.umask(0o022)
     try:
-        assert agent.private_state_dir(state, state / "logs") == []
+        assert startup.private_state_dir(state, state / "logs") == []
     finally:
         os.umask(old)
     assert _mode(state) == mode and _mode(state / "logs") == 0o700
@@ -38,9 +39,9 @@ def test_an_older_agents_loose_dirs_are_tightened(
     logs.mkdir(parents=True)
     state.chmod(0o755)
     logs.chmod(0o755)
-    changed = agent.private_state_dir(state, logs)
+    changed = startup.private_state_dir(state, logs)
     assert changed == [("0755", str(state), 0o711), ("0755", str(logs), 0o700)]
     assert _mode(state) == 0o711 and _mode(logs) == 0o700
     state.chmod(0o700)  # stricter than needed: left alone
-    assert agent.private_state_dir(state, logs) == []
+    assert startup.private_state_dir(state, logs) == []
     assert _mode(state) == 0o700

@@ -1,0 +1,618 @@
+"""The local API's operations (`swarm submit`, `status`, `list`, `cancel`, `wait`,
+`info`, `nodes`, `explain`, `shares`, `logs`), and the two peer RPCs that carry a
+client's request to a task's home (`cancel`, `explain`).
+
+runtime/api.py speaks the socket protocol and calls these with the request's fields
+and the caller's credentials; each checks who may do what (root and the agent's user
+see every task, others their own), then reads or changes the node through the parts
+it was built with. `TaskAccess` finds the task a request names and checks the
+caller; `Shares` changes the node's shares (drain, undrain).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import trio
+
+from .. import codec, request_checks, testbreak, wire
+from .. import model as m
+from ..logs import EventLog
+from ..policy import feasible
+from ..policy.shares import ShareLedger
+from .api import Ops, PeerCred, RequestError
+from .clock import Clock
+from .coordinator import Coordinator
+from .isolation import Identities
+from .journal import Event, Journal, JournalError, PutKV
+from .logread import read_log
+from .migrator import Migrator
+from .net import TransportError
+from .peers import ClusterNode, RemoteError
+from .runner import LocalRunner
+from .tasks import TaskTable, UnknownTask
+
+SHARES_KEY = "shares"
+UNDRAIN_KEY = "undrain_shares"
+
+
+class LocalOps:
+    def __init__(
+        self,
+        *,
+        node: m.NodeId,
+        default_shares: int,
+        table: TaskTable,
+        journal: Journal,
+        runner: LocalRunner,
+        ledger: ShareLedger,
+        cluster: ClusterNode,
+        coord: Coordinator,
+        migrator: Migrator,
+        identities: Identities,
+        snapshot: Callable[[], dict[str, Any]],
+        clock: Clock,
+        log: EventLog,
+    ) -> None:
+        self.node = node
+        self.table = table
+        self.journal = journal
+        self.runner = runner
+        self.ledger = ledger
+        self.cluster = cluster
+        self.coord = coord
+        self.migrator = migrator
+        self.identities = identities
+        self.snapshot = snapshot  # `swarm info`: runtime/stats.py
+        self.clock = clock
+        self.log = log
+        self.accepting = False  # submissions are taken (between start-up and shutdown)
+        self.access = TaskAccess(node=node, table=table, cluster=cluster)
+        self.shares = Shares(
+            node=node,
+            default_shares=default_shares,
+            journal=journal,
+            ledger=ledger,
+            runner=runner,
+            coord=coord,
+            clock=clock,
+            log=log,
+        )
+        self._submitting: set[m.TaskId] = set()  # chosen ids between check and journal
+
+    def ops(self) -> Ops:
+        """The handlers, by op name, for runtime/api.py."""
+        return Ops(
+            unary={
+                "submit": self.op_submit,
+                "status": self.op_status,
+                "list": self.op_list,
+                "cancel": self.op_cancel,
+                "wait": self.op_wait,
+                "info": self.op_info,
+                "nodes": self.op_nodes,
+                "explain": self.op_explain,
+                "shares": self.shares.op_shares,
+            },
+            stream={"logs": self.op_logs},
+        )
+
+    def start_accepting(self) -> None:
+        self.accepting = True
+
+    def stop_accepting(self) -> None:
+        """Shutdown: new submissions are refused ("agent is shutting down")."""
+        self.accepting = False
+
+    def restore(self, kv: dict[str, Any]) -> None:
+        """At start-up, from the journal's key-value records."""
+        self.shares.restore(kv)
+
+    async def op_submit(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        if not self.accepting:
+            raise RequestError("unavailable", "agent is shutting down; not accepting tasks")
+        spec = request_checks.submit_spec(
+            f, uid=cred.uid, user=_user_name(cred.uid), home=self.node, now=self.clock.wall()
+        )
+        refusal = self.identities.submit_refusal(cred.uid, spec.user)
+        if refusal is not None:
+            raise RequestError("permission_denied", refusal)
+        never = self._unsatisfiable(spec)
+        if never is not None:
+            raise RequestError("unsatisfiable", f"submit: {never}")
+        chosen = "~" in spec.id  # a client's own id (a generated one is new by chance)
+        if chosen:
+            dup = await self._resubmitted(spec, cred)
+            if dup is not None:
+                return dup
+            self._submitting.add(spec.id)
+        try:
+            return await self._accept(spec)
+        finally:
+            self._submitting.discard(spec.id)
+
+    def _unsatisfiable(self, spec: m.TaskSpec) -> str | None:
+        """Why no live member could ever run `spec` (policy.feasible, from the gossiped
+        capacities and our own); None while one might, or while we have seeds but
+        have not reached anyone yet (the members we do not know could fit it)."""
+        if spec.is_global or (spec.cpu is None and spec.mem is None and spec.gpu is None):
+            return None  # asks for nothing a node could lack (the common, fast case)
+        ms = self.cluster.membership
+        if ms is None or (self.cluster.seed_addrs and ms.num_live <= 1):
+            return None
+        s, view = self.coord.sample, self.coord.view
+        own = feasible.NodeCapacity(self.node, s.cpus, s.mem_total, self.coord.gpus.summary())
+        peers = (
+            None if (e := view.get(mb.node)) is None else feasible.NodeCapacity.of(e.report)
+            for mb in ms.alive_members()
+            if mb.node != self.node
+        )
+        return feasible.unsatisfiable(spec, own, peers)
+
+    async def _accept(self, spec: m.TaskSpec) -> dict[str, Any]:
+        if testbreak.broken("drop-acked") and spec.id[-1] in "0123":  # TEST-ONLY: chaos self-test
+            return {"id": spec.id}
+        try:
+            if spec.is_global:
+                await self.coord.add_global(spec)
+                return {"id": spec.id, "global": True}
+            # placed (and started, when it runs here) as soon as its record is written,
+            # during the journal's fsync; the answer waits for the fsync
+            await self.table.add(
+                m.new_task(spec, self.clock.wall(), self.node),
+                on_written=lambda t: self.coord.place_soon(t.id),
+            )
+        except JournalError as e:
+            await self._unaccept(spec.id, f"journal write failed: {e}")
+            raise RequestError("journal", f"task not accepted: journal write failed: {e}") from None
+        return {"id": spec.id}
+
+    async def _resubmitted(self, spec: m.TaskSpec, cred: PeerCred) -> dict[str, Any] | None:
+        """A chosen id seen before (in memory or in the journal: a record is never
+        overwritten by a new submission): the same submission again from its owner is
+        a duplicate; anything else is refused without saying what the record holds."""
+        try:
+            existing = await self.table.get(spec.id)
+        except UnknownTask:
+            if spec.id in self._submitting:
+                raise RequestError(
+                    "conflict", f"task id {spec.id} is being submitted already"
+                ) from None
+            return None
+        if existing.spec.uid != cred.uid:
+            # never the owner's: ids are namespaced by user name, so only a uid that
+            # lost its name (or a reused name) gets here; say nothing of the record
+            raise RequestError("conflict", f"task id {spec.id} is taken")
+        if not m.same_submission(existing.spec, spec):
+            raise RequestError("conflict", f"task id {spec.id} already used for another task")
+        return {"id": spec.id, "duplicate": True}
+
+    async def _unaccept(self, tid: m.TaskId, why: str) -> None:
+        """A submission whose record was written but not synced (the fsync failed) may
+        be placed or running already: the submitter is told it was not accepted, so it
+        must not run. It ends cancelled, which the journal retries until it lands."""
+        t = self.table.get_cached(tid)
+        if t is None or t.state.terminal:
+            return
+        self.log.warning("submit.unaccepted", task=tid, reason=why)
+        with trio.move_on_after(30):
+            await self.cancel_task(t, f"not accepted: {why}")
+
+    async def op_status(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        t = await self.access.task(f, cred)
+        f.done()
+        self.access.authorize(t, cred)
+        return {"task": codec.task_to_wire(t), "migrations": await self._migrations(t)}
+
+    async def _migrations(self, t: m.Task) -> list[dict[str, Any]]:
+        """The task's migrations, as its home recorded them."""
+        if t.spec.home in ("", self.node) or t.spec.is_global:
+            return await self.migrator.records_of(t.id)
+        try:
+            r = await self.cluster.request(
+                t.spec.home, {"op": "migrate", "kind": "records", "id": t.id}, timeout=5.0
+            )
+        except (TransportError, RemoteError):
+            return []
+        recs = r.get("records")
+        return [x for x in recs if isinstance(x, dict)] if isinstance(recs, list) else []
+
+    async def op_list(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        show_all = f.bool("all", False)
+        limit = f.int("limit", 1000, lo=1, hi=100_000)
+        f.done()
+        tasks = sorted(self.table.active.values(), key=lambda t: (t.created_at, t.id))
+        if show_all:
+            finished = list(self.table.finished.values())[-limit:]
+            if len(finished) < limit:
+                seen = {t.id for t in finished}
+                older = await self.journal.recent_terminal(limit)
+                finished = [t for t in older if t.id not in seen][
+                    : limit - len(finished)
+                ] + finished
+            tasks = sorted(finished, key=lambda t: (t.created_at, t.id)) + tasks
+        if not self.access.operator(cred):  # others' tasks (argv, env) are not yours to see
+            name = _user_name(cred.uid)
+            tasks = [t for t in tasks if self.access.owns(t, cred, name)]
+        tasks = tasks[-limit:]
+        return {"tasks": [codec.task_to_wire(t) for t in tasks]}
+
+    async def op_cancel(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        t = await self.access.task(f, cred)
+        f.done()
+        self.access.authorize(t, cred)
+        if t.state.terminal and not t.spec.is_global:
+            raise RequestError("finished", f"task {t.id} already {t.state.value}")
+        t = await self.cancel_task(t, f"cancelled by uid {cred.uid}")
+        return {"task": codec.task_to_wire(t)}
+
+    async def cancel_task(self, t: m.Task, cause: str) -> m.Task:
+        S = m.TaskState
+        if t.spec.is_global:
+            await self.coord.remove_global(t.id)
+            with trio.move_on_after(10):
+                while True:
+                    local = self.table.get_cached(t.id)
+                    if local is None or local.state.terminal:
+                        break
+                    await self.table.wait_change(t.id)
+            return self.table.get_cached(t.id) or t
+        if t.spec.home != self.node:
+            r = await self.cluster.request(t.spec.home, {"op": "cancel", "id": t.id}, timeout=35.0)
+            return codec.task_from_wire(r["task"])
+        if t.node == self.node and t.id in self.runner.running:
+            await self.runner.cancel(t.id, cause)
+            return await self.table.wait_terminal(t.id)
+        if t.node == self.node and t.state is S.QUEUED:
+            try:
+                self.runner.queue.remove(t.id)
+            except ValueError:
+                pass
+            self.ledger.remove(t.id)
+            return await self.table.change_durably(t.id, S.CANCELLED, cause)
+        if t.node == self.node and t.state is S.MIGRATING:
+            await self.migrator.cancel(t.id, cause)
+            with trio.move_on_after(30):
+                return await self.table.wait_terminal(t.id)
+            return await self.table.get(t.id)
+        await self.coord.cancel_remote(t.id)
+        with trio.move_on_after(30):
+            return await self.table.wait_terminal(t.id)
+        return await self.table.get(t.id)
+
+    async def rpc_cancel(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        tid = request_checks.check_task_id(req.get("id"))
+        try:
+            t = await self.table.get(tid)
+        except UnknownTask:
+            raise RemoteError("not_found", f"no task {tid}") from None
+        if not t.state.terminal:
+            t = await self.cancel_task(t, f"cancelled via {sender}")
+        return {"task": codec.task_to_wire(t)}
+
+    async def op_wait(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        t = await self.access.task(f, cred)
+        timeout = f.float("timeout", None, lo=0.0)
+        f.done()
+        self.access.authorize(t, cred)
+        timed_out = True
+        with trio.move_on_after(float("inf") if timeout is None else timeout):
+            if t.spec.home in ("", self.node) or t.spec.is_global:
+                t = await self.table.wait_terminal(t.id)
+            else:
+                while not t.state.terminal:
+                    await trio.sleep(0.5)
+                    t = await self.access.find(t.id)
+            timed_out = False
+        return {"task": codec.task_to_wire(t), "timed_out": timed_out}
+
+    async def op_info(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        f.done()
+        return self.snapshot()
+
+    async def op_nodes(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        f.done()
+        ms = self.cluster.membership
+        now = self.clock.now()
+        out = []
+        if ms is not None:
+            loads = ms.load_view()
+            for mb in sorted(ms.members(), key=lambda x: x.node):
+                entry = loads.get(mb.node)
+                out.append(
+                    {
+                        **codec.member_to_wire(mb),
+                        "self": mb.node == self.node,
+                        "load": None if entry is None else codec.load_report_to_wire(entry.report),
+                        "load_age": None if entry is None else max(0.0, now - entry.received_at),
+                    }
+                )
+        return {"nodes": out}
+
+    async def op_explain(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        t = await self.access.task(f, cred)
+        f.done()
+        self.access.authorize(t, cred)
+        if t.spec.home not in ("", self.node) and not t.spec.is_global:
+            r = await self.cluster.request(t.spec.home, {"op": "explain", "id": t.id}, timeout=5.0)
+            return {"task": codec.task_to_wire(t), "decisions": r.get("decisions", [])}
+        return {"task": codec.task_to_wire(t), "decisions": await self._explain_all(t)}
+
+    async def _explain_all(self, t: m.Task) -> list[dict[str, Any]]:
+        """The home's decisions, plus why the executing node has not started it yet."""
+        out = await self._explain(t.id)
+        if t.node not in ("", self.node) and not t.state.terminal:
+            try:
+                r = await self.cluster.request(
+                    t.node, {"op": "explain", "id": t.id, "local": True}, timeout=3.0
+                )
+                out += [{**d, "node": t.node} for d in r.get("decisions", [])]
+            except (TransportError, RemoteError) as e:
+                out.append({"at": self.clock.wall(), "outcome": f"cannot ask {t.node}: {e}"})
+        return out
+
+    async def _explain(self, tid: m.TaskId) -> list[dict[str, Any]]:
+        out = await self.coord.explain(tid)
+        blocked = self.runner.blocked.get(tid)
+        if blocked:
+            out.append({"at": self.clock.wall(), "outcome": "queued here, not started: " + blocked})
+        return out
+
+    async def rpc_explain(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        tid = request_checks.check_task_id(req.get("id"))
+        if req.get("local"):
+            return {"decisions": await self._explain(tid)}
+        try:
+            t = await self.table.get(tid)
+        except UnknownTask:
+            return {"decisions": await self._explain(tid)}
+        return {"decisions": await self._explain_all(t)}
+
+    async def op_logs(self, f: wire.Fields, cred: PeerCred) -> AsyncIterator[dict[str, Any]]:
+        t = await self.access.task(f, cred)
+        which = f.str("stream", "stdout")
+        if which not in ("stdout", "stderr"):
+            raise wire.SchemaError("logs: stream must be stdout or stderr")
+        follow = f.bool("follow", False)
+        offset = f.int("offset", 0, lo=0)
+        f.done()
+        self.access.authorize(t, cred)
+        where = t.node or self.node
+        if where == self.node or t.spec.is_global:
+            out, err = self.runner.log_paths(t.id)
+            path = out if which == "stdout" else err
+
+            async def current() -> m.Task | None:
+                try:
+                    return await self.table.get(t.id)
+                except UnknownTask:
+                    return None
+
+            async for part in read_log(path, offset, follow, current, self.table):
+                yield part
+            return
+        async for part in self._remote_logs(t, where, which, follow, offset):
+            yield part
+
+    async def _remote_logs(
+        self, t: m.Task, where: m.NodeId, which: str, follow: bool, offset: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        try:
+            stream = await self.cluster.open_stream(
+                where,
+                {"op": "logs", "id": t.id, "stream": which, "follow": follow, "offset": offset},
+            )
+        except TransportError as e:
+            raise RequestError(
+                "unavailable", f"cannot reach {where} for the logs of {t.id}: {e}"
+            ) from None
+        async with stream:
+            stream.timeout = float("inf")
+            while True:
+                try:
+                    part = await stream.receive(timeout=float("inf") if follow else 30.0)
+                except TransportError as e:
+                    raise RequestError(
+                        "unavailable", f"log stream from {where} broke: {e}"
+                    ) from None
+                if not isinstance(part, dict):
+                    return
+                yield part
+                if not part.get("more"):
+                    return
+
+
+class TaskAccess:
+    """Finds the task a request names (here, or at its home) and says whether the
+    caller may see and control it."""
+
+    def __init__(self, *, node: m.NodeId, table: TaskTable, cluster: ClusterNode) -> None:
+        self.node = node
+        self.table = table
+        self.cluster = cluster
+
+    def operator(self, cred: PeerCred) -> bool:
+        """Root and the agent's own user see and control every task here."""
+        return cred.uid == 0 or cred.uid == os.getuid()
+
+    def owns(self, task: m.Task, cred: PeerCred, name: str | None) -> bool:
+        """Whether the caller submitted `task`: by uid at its home node, by user name
+        elsewhere (uids may differ between hosts; names are what tasks run as)."""
+        spec = task.spec
+        if spec.uid is None:
+            return True
+        if spec.home in ("", self.node) or spec.user is None:
+            return spec.uid == cred.uid
+        return spec.user == name
+
+    def authorize(self, task: m.Task, cred: PeerCred) -> None:
+        if self.operator(cred) or self.owns(task, cred, _user_name(cred.uid)):
+            return
+        raise RequestError("permission_denied", f"task {task.id} belongs to another user")
+
+    async def find(self, tid: m.TaskId) -> m.Task:
+        """The authoritative record: the home's. Ask the home (or everyone) if not here."""
+        local: m.Task | None
+        try:
+            local = await self.table.get(tid)
+        except UnknownTask:
+            local = None
+        if local is not None and (local.spec.home in ("", self.node) or local.spec.is_global):
+            return local
+        homes = [local.spec.home] if local is not None else []
+        if not homes and self.cluster.membership is not None:
+            homes = [
+                mb.node for mb in self.cluster.membership.alive_members() if mb.node != self.node
+            ]
+        found = await self._ask_records(homes, tid)
+        if found is not None:
+            return found
+        if local is not None:
+            return local
+        raise RequestError("not_found", f"no task {tid}")
+
+    async def _ask_records(self, nodes: list[m.NodeId], tid: m.TaskId) -> m.Task | None:
+        results: list[m.Task] = []
+
+        async def ask(node: m.NodeId) -> None:
+            try:
+                r = await self.cluster.request(node, {"op": "task", "id": tid}, timeout=2.0)
+            except (TransportError, RemoteError):
+                return
+            if r.get("task") is not None:
+                try:
+                    t = codec.task_from_wire(r["task"])
+                except wire.WireError:
+                    return
+                if t.spec.home == node or not results:
+                    results.insert(0 if t.spec.home == node else len(results), t)
+
+        async with trio.open_nursery() as n:
+            for node in nodes[:256]:
+                n.start_soon(ask, node)
+        return results[0] if results else None
+
+    async def task(self, f: wire.Fields, cred: PeerCred | None = None) -> m.Task:
+        tid = request_checks.check_task_id(f.str("id", required=True, max_len=m.MAX_TASK_ID_LEN))
+        if cred is not None and "~" not in tid and m.valid_client_task_id(tid):
+            # the caller's own chosen id, named without its owner part ("job1"), at the
+            # node it was submitted to; the journal is read only for an id that does not
+            # look generated (`swarm wait tXXXX` must not pay a disk read for this)
+            own = m.owned_task_id(tid, cred.uid, _user_name(cred.uid))
+            cached = self.table.get_cached(own)
+            if cached is not None:
+                return cached
+            if not m.GENERATED_TASK_ID.fullmatch(tid):
+                try:
+                    return await self.table.get(own)
+                except UnknownTask:
+                    pass
+        return await self.find(tid)
+
+
+class Shares:
+    """`swarm shares`/`drain`/`undrain`: the node's shares, journaled."""
+
+    def __init__(
+        self,
+        *,
+        node: m.NodeId,
+        default_shares: int,
+        journal: Journal,
+        ledger: ShareLedger,
+        runner: LocalRunner,
+        coord: Coordinator,
+        clock: Clock,
+        log: EventLog,
+    ) -> None:
+        self.node = node
+        self.default_shares = default_shares  # the configured shares: an undrain's default
+        self.journal = journal
+        self.ledger = ledger
+        self.runner = runner
+        self.coord = coord
+        self.clock = clock
+        self.log = log
+        self._kv_undrain = 0  # shares to restore on undrain
+        self._lock = trio.Lock()
+
+    def restore(self, kv: dict[str, Any]) -> None:
+        """At start-up, from the journal: the shares (a drain survives a restart) and
+        the shares an undrain gives back."""
+        shares = kv.get(SHARES_KEY)
+        if isinstance(shares, int) and shares >= 0:
+            self.ledger.set_shares(shares)
+        undrain = kv.get(UNDRAIN_KEY)
+        if isinstance(undrain, int) and undrain > 0:
+            self._kv_undrain = undrain
+
+    async def op_shares(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        # One change at a time, so that the journal's order of changes is the ledger's
+        # (a drain whose write is slow must not land after the undrain that followed it).
+        async with self._lock:
+            return await self._change_shares(f, cred)
+
+    async def _change_shares(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        value = f.int("shares", None, lo=0, hi=1 << 31)
+        drain = f.bool("drain", False)
+        undrain = f.bool("undrain", False)
+        f.done()
+        if drain and (undrain or value is not None):
+            raise wire.SchemaError("shares: drain takes no other field")
+        old = self.ledger.shares
+        extra: list[Any] = []
+        if drain:
+            value = 0
+            if old > 0:
+                extra.append(PutKV(UNDRAIN_KEY, old))
+        elif undrain and value is None:
+            saved = self._kv_undrain if self._kv_undrain else self.default_shares
+            value = saved if saved > 0 else 1024
+        if value is not None:
+            if cred.uid != 0 and cred.uid != os.getuid():
+                raise RequestError(
+                    "permission_denied", "only root or the agent's user may change shares"
+                )
+            if value < old:
+                # A cut (a drain) takes effect before it is journaled: no task may start
+                # while the write is in flight, after the time the journal gives it.
+                self.ledger.set_shares(value)
+            try:
+                await self.journal.commit(
+                    [
+                        PutKV(SHARES_KEY, value),
+                        *extra,
+                        Event(
+                            self.clock.wall(), "shares", None, self.node, {"old": old, "new": value}
+                        ),
+                    ]
+                )
+            except JournalError as e:
+                self.ledger.set_shares(old)
+                raise RequestError(
+                    "journal", f"shares not changed: journal write failed: {e}"
+                ) from None
+            if drain and old > 0:
+                self._kv_undrain = old
+            self.ledger.set_shares(value)
+            self.log.info("agent.shares", old=old, new=value, draining=value == 0)
+            self.coord.shares_changed()
+            self.runner.kick()
+        return {"shares": self.ledger.shares, "draining": self.ledger.draining}
+
+
+@functools.lru_cache(maxsize=4096)
+def _user_name(uid: int) -> str | None:
+    """Cached: a passwd lookup can cost a millisecond (NSS), once per submit adds up."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None

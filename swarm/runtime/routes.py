@@ -1,0 +1,33 @@
+"""Every peer RPC this node answers, in one table: op name -> handler.
+
+The agent installs the table on its ClusterNode once, after the parts that answer
+have started (a request that comes earlier gets "unknown op", and the sender retries).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .peers import RpcHandler
+
+if TYPE_CHECKING:
+    from .coordinator import Coordinator
+    from .localops import LocalOps
+    from .migrator import Migrator
+
+
+def peer_routes(coord: Coordinator, migrator: Migrator, ops: LocalOps) -> dict[str, RpcHandler]:
+    return {
+        # task handoff between a home and its executors (runtime/coordinator.py)
+        "handoff": coord.rpc_handoff,
+        "task": coord.rpc_task,  # a task's record, from its home
+        "logs": coord.rpc_logs,  # a task's log, streamed from where it runs
+        # transfer: load probes, and a receiver taking a queued task
+        "probe": coord.rpc_probe,
+        "steal": coord.rpc_steal,
+        # migration: decisions, state streams, records (runtime/migrator.py)
+        "migrate": migrator.rpc,
+        # a client's request forwarded to the task's home (runtime/localops.py)
+        "cancel": ops.rpc_cancel,
+        "explain": ops.rpc_explain,
+    }

@@ -1,0 +1,233 @@
+"""What the agent checks and prepares before it builds its parts (the cluster keyring,
+the private state directory, the exec helper, the GPU inventory, cgroups, migration
+settings) and the parts made from options alone. Each refuses with a ConfigError
+naming the option, so `swarm agent` says what to fix.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from ..config import Config, ConfigError
+from ..crypto import Keyring, KeyringError
+from ..logs import EventLog
+from ..node.config import Profile
+from ..policy import gpu as gpupol
+from ..policy.shares import ShareLedger
+from . import exechelper
+from . import gpu as gpu_runtime
+from .clock import Clock
+from .coordinator import Coordinator
+from .gpu import Inventory
+from .isolation import Identities, IsolationError, TaskIsolation
+from .isolation import detect as detect_cgroups
+from .journal import Journal
+from .migrator import MigratorSettings, settings_for
+from .peers import ClusterNode
+from .runner import LocalRunner
+from .tasks import TaskTable
+
+AGENT_UMASK = 0o077  # the agent's files are private; tasks get TASK_UMASK (0022)
+
+
+def load_keyring(config: Config) -> Keyring | None:
+    """The cluster keyring, or None in --insecure mode; refuses to guess."""
+    if config.keyring is None:
+        if config.insecure:
+            return None
+        raise ConfigError(
+            "keyring",
+            "no cluster key: give --keyring FILE (create one with `swarm keygen -o FILE`), "
+            "or run with --insecure to send cluster traffic unencrypted",
+        )
+    try:
+        return Keyring.load(config.keyring)
+    except KeyringError as e:
+        raise ConfigError("keyring", str(e)) from None
+    except OSError as e:
+        raise ConfigError("keyring", f"cannot read {config.keyring}: {e.strerror}") from None
+
+
+def reload_keyring(config: Config, apply: Callable[[Keyring], None], log: EventLog) -> None:
+    """SIGHUP: read the key file again and `apply` it (key rotation without
+    downtime). A bad file keeps the old keys and says why."""
+    if config.keyring is None:
+        log.info("agent.keyring_reload", result="insecure mode: no keyring to reload")
+        return
+    try:
+        keyring = Keyring.load(config.keyring)
+    except (KeyringError, OSError) as e:
+        log.error("agent.keyring_reload", result="kept the old keys", error=str(e))
+        return
+    apply(keyring)
+    log.info(
+        "agent.keyring_reload",
+        result="ok",
+        keys=len(keyring.keys),
+        primary=keyring.fingerprints()[0],
+    )
+
+
+def state_dir_mode(euid: int) -> int:
+    """The state dir's mode: a root agent's task users must traverse it to reach their
+    own task-state dir below it (0711: not listable); otherwise only the agent's user."""
+    return 0o711 if euid == 0 else 0o700
+
+
+def private_state_dir(state_dir: Path, log_dir: Path) -> list[tuple[str, str, int]]:
+    """Create the state dir (state_dir_mode) and its task-log dir (0700), and tighten
+    either when it exists with looser modes (an older agent made them 0755, its journal
+    and logs 0644, readable by every local user). Returns (old mode, path, new mode)
+    of what it tightened, for the log. The journal's own files are its business."""
+    changed: list[tuple[str, str, int]] = []
+    for path, mode in ((state_dir, state_dir_mode(os.geteuid())), (log_dir, 0o700)):
+        try:
+            path.mkdir(parents=True, mode=mode)
+            created = True
+        except FileExistsError:
+            created = False
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            old = os.fstat(fd).st_mode & 0o7777
+            if created and old != mode:  # mkdir's mode went through the umask
+                os.fchmod(fd, mode)
+            elif old & ~mode:  # looser than it should be (stricter is left alone)
+                os.fchmod(fd, old & mode)
+                changed.append((f"{old:04o}", str(path), old & mode))
+        finally:
+            os.close(fd)
+    return changed
+
+
+def prepare(config: Config, log: EventLog) -> Keyring | None:
+    """The keyring (warnings logged) and the private state dir; ConfigError if either
+    cannot be had."""
+    keyring = load_keyring(config)
+    if keyring is not None:
+        for w in keyring.warnings:
+            log.warning("agent.keyring", warning=w)
+    elif config.insecure:
+        log.warning("agent.insecure", detail="cluster traffic is not encrypted (--insecure)")
+    try:
+        tightened = private_state_dir(config.state_dir, config.log_dir)
+    except OSError as e:
+        raise ConfigError("state-dir", f"{config.state_dir}: {e.strerror or e}") from None
+    for what, path, mode in tightened:
+        log.warning("agent.state_tightened", path=path, old=what, new=f"{mode:04o}")
+    return keyring
+
+
+def exec_helper(log: EventLog) -> Path | None:
+    """swarm-exec for starts as another user (a root agent only): built once per
+    version into a root-only cache shared by the host's agents."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        helper = exechelper.build(exechelper.CACHE_DIR)
+    except exechelper.HelperUnavailable as e:
+        log.warning("executor.no_helper", reason=str(e), fallback="each start as a user forks")
+        return None
+    log.info("executor.helper", path=str(helper))
+    return helper
+
+
+def gpu_inventory(config: Config, log: EventLog) -> Inventory:
+    """This node's GPUs (NVML or declared), logged; ConfigError for a bad declaration."""
+    try:
+        inv = gpu_runtime.discover(config.gpus, config.node_id, nvml=config.nvml)
+    except gpupol.GpuConfigError as e:
+        raise ConfigError(f"gpus ({e.key})", str(e)) from None
+    log.info(
+        "gpu.inventory",
+        source=inv.source,
+        devices=len(inv.devices),
+        **({"note": inv.note} if inv.note else {}),
+    )
+    return inv
+
+
+def task_isolation(config: Config, clock: Clock, log: EventLog) -> TaskIsolation:
+    """Per-user tasks and their cgroups; ConfigError when the one asked for is missing."""
+    try:
+        cgroups = detect_cgroups(config.state_dir, prefer=config.isolation, log=log)
+    except IsolationError as e:
+        raise ConfigError("isolation", str(e)) from None
+    ids = Identities(node=config.node_id, allow_root=config.allow_root_tasks, clock=clock.now)
+    return TaskIsolation(ids, cgroups, log=log)
+
+
+def migration_settings(config: Config) -> MigratorSettings:
+    try:
+        return settings_for(config)
+    except ValueError as e:
+        raise ConfigError("checkpoint-signal", str(e)) from None
+
+
+def cluster_node(
+    config: Config,
+    keyring: Keyring | None,
+    profile: Profile,
+    rng: random.Random,
+    *,
+    clock: Clock,
+    log: EventLog,
+) -> ClusterNode:
+    """The node's membership, transport and peer RPCs, from its options."""
+    return ClusterNode(
+        node=config.node_id,
+        cluster=config.cluster,
+        bind=config.bind,
+        port=config.port,
+        advertise=config.advertise,
+        seeds=config.seeds,
+        mdns=config.mdns,
+        mdns_interfaces=config.mdns_interfaces,
+        keyring=keyring,
+        profile=profile,
+        state_dir=config.state_dir,
+        faults=config.faults or os.environ.get("SWARM_FAULTS"),
+        log=log,
+        rng=rng,
+        clock=clock,
+    )
+
+
+def coordinator(
+    config: Config,
+    profile: Profile,
+    gpus: Inventory,
+    *,
+    table: TaskTable,
+    journal: Journal,
+    runner: LocalRunner,
+    cluster: ClusterNode,
+    ledger: ShareLedger,
+    rng: random.Random,
+    clock: Clock,
+    log: EventLog,
+) -> Coordinator:
+    """The coordinator, its options from the config and the profile."""
+    return Coordinator(
+        node=config.node_id,
+        table=table,
+        journal=journal,
+        runner=runner,
+        cluster=cluster,
+        ledger=ledger,
+        log=log,
+        placement_d=config.placement_d,
+        psi_target=config.qos_psi_target,
+        report_interval=config.report_interval,
+        rpc_timeout=profile.rpc_timeout,
+        transfer_config=profile.transfer,
+        placement_rule=config.placement,
+        transfer=config.transfer,
+        gpu_devices=gpus.devices,
+        gpu_policy=config.gpu_policy,
+        mps=config.mps,
+        rng=rng,
+        clock=clock,
+    )
