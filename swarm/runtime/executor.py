@@ -27,6 +27,7 @@ import psutil
 import trio
 
 from ..logs import NULL_LOG, EventLog
+from .clock import Clock
 
 OpenLogs = tuple[int, int]  # a task's stdout and stderr files: open descriptors
 
@@ -362,8 +363,10 @@ class Executor:
         kill_grace: float = 10.0,
         log: EventLog = NULL_LOG,
         exec_helper: Path | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.kill_grace = kill_grace
+        self.clock = clock or Clock.system()
         self.log = log
         # swarm-exec (exechelper.py): starts a task as another user on the vfork path;
         # None: those starts fork the agent (UserSwitch), as safe and slower
@@ -496,7 +499,7 @@ class Executor:
         return ProcessResult(None, None, spawn_error=msg)
 
     def _started(self, plan: ProcessPlan, proc: Child) -> Running:
-        handle = Running(plan.task_id, proc, self.kill_grace, trio.current_time())
+        handle = Running(plan.task_id, proc, self.kill_grace, self.clock.now())
         self.running[plan.task_id] = handle
         self._starting.discard(plan.task_id)
         return handle

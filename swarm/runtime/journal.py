@@ -66,6 +66,7 @@ import trio
 from .. import codec, wire
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
+from .clock import Clock
 
 SCHEMA_VERSION = 1
 INLINE_OPS = 8  # a batch this small may be written on the loop when it is idle
@@ -256,9 +257,12 @@ class _Attempt:
 
 
 class Journal:
-    def __init__(self, path: Path, log: EventLog = NULL_LOG, node: str = "") -> None:
+    def __init__(
+        self, path: Path, log: EventLog = NULL_LOG, node: str = "", clock: Clock | None = None
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.clock = clock or Clock.system()
         self.log = log
         self.node = node
         _private_files(path)
@@ -461,7 +465,7 @@ class Journal:
         why, full = describe_error(e, self.path), _disk_full(e)
         w = self.wedged
         if w is None:
-            self.wedged = Wedged(why, time.time(), disk_full=full)
+            self.wedged = Wedged(why, self.clock.wall(), disk_full=full)
         else:
             self.wedged = attrs.evolve(w, error=why, disk_full=full, failures=w.failures + 1)
 
@@ -514,6 +518,8 @@ class Journal:
             for op in ops:
                 self._apply(c, op)
             if not ops:
+                # any changing value does; this may run in a worker thread, where
+                # trio's clock (the agent's Clock) cannot be read: the system clock
                 c.execute(
                     "INSERT OR REPLACE INTO meta(key, value) VALUES('probe', ?)",
                     (repr(time.time()),),

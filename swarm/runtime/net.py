@@ -37,6 +37,7 @@ from ..cluster.ratelimit import ConnGate, SourceLimiter
 from ..crypto import OVERHEAD as SEAL_OVERHEAD
 from ..crypto import VERSION as SEAL_VERSION
 from ..crypto import CryptoError, Opened, Sealer, SealStream
+from .clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +294,8 @@ class _Codec:
     def __init__(self, cluster: str, sealer: Sealer | None, wall_clock: Callable[[], float]):
         self.sealer = sealer
         self.tag = cluster_tag(cluster)
+        # the system clock (time.time), not the agent's Clock: the replay window
+        # compares envelope times across nodes, so it must be real time everywhere
         self.wall_clock = wall_clock
         self.overhead = SEAL_OVERHEAD if sealer is not None else PLAIN_OVERHEAD
 
@@ -594,10 +597,12 @@ class Transport:
         on_packet: PacketHandler | None,
         stream_handler: StreamHandler | None,
         wall_clock: Callable[[], float],
+        clock: Clock,
     ) -> None:
         if sealer is not None and sealer.cluster != config.cluster:
             raise ValueError(f"sealer is for cluster {sealer.cluster!r}, not {config.cluster!r}")
         self.config = config
+        self.clock = clock  # rate limits and connection admission: clock.now()
         self.sealer = sealer
         self.codec = _Codec(config.cluster, sealer, wall_clock)
         self.counters = new_counters()
@@ -641,7 +646,7 @@ class Transport:
         sealer = self.sealer
         if sealer is None or not sealer.needs_derive(data):
             return True
-        return self.derive_limiter.allow(src[0], trio.current_time())
+        return self.derive_limiter.allow(src[0], self.clock.now())
 
     # -- server side
 
@@ -874,7 +879,7 @@ class Transport:
             return
         conn = self._next_conn
         self._next_conn += 1
-        adm = self._gate.open(conn, remote[0], trio.current_time())
+        adm = self._gate.open(conn, remote[0], self.clock.now())
         for victim in adm.evict:
             c["tcp_conns_evicted"] += 1
             self.last_drop["evicted"] = remote
@@ -1004,9 +1009,15 @@ async def open_transport(
     on_packet: PacketHandler | None = None,
     stream_handler: StreamHandler | None = None,
     wall_clock: Callable[[], float] = time.time,
+    clock: Clock | None = None,
 ) -> AsyncIterator[Transport]:
     """Bind, run the UDP receiver and TCP acceptor, yield the Transport; everything
-    (including delayed fault-shim packets and open server connections) stops on exit."""
+    (including delayed fault-shim packets and open server connections) stops on exit.
+
+    `wall_clock` stamps and checks sealed envelopes against the replay window, which
+    compares them with other nodes' system clocks: it stays the real system clock
+    (time.time), not the agent's `clock`, even under a test's MockClock. `clock`
+    (trio time) is for the local rate limits."""
     if sealer is not None and sealer.cluster != config.cluster:
         raise ValueError(f"sealer is for cluster {sealer.cluster!r}, not {config.cluster!r}")
     udp, tcp = await _bind_pair(config.bind_host, config.port)
@@ -1022,6 +1033,7 @@ async def open_transport(
                 on_packet=on_packet,
                 stream_handler=stream_handler,
                 wall_clock=wall_clock,
+                clock=clock or Clock.system(),
             )
             nursery.start_soon(t._udp_loop)
             nursery.start_soon(t._accept_loop)

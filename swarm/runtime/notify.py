@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 
 import trio
 
+from .clock import Clock
+
 ENV_SOCKET = "NOTIFY_SOCKET"
 ENV_WATCHDOG_USEC = "WATCHDOG_USEC"
 ENV_WATCHDOG_PID = "WATCHDOG_PID"
@@ -62,8 +64,9 @@ def watchdog_interval(env: Mapping[str, str], pid: int | None = None) -> float |
 class Notifier:
     """Sends sd_notify messages; a no-op when $NOTIFY_SOCKET is unset."""
 
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None, clock: Clock | None = None) -> None:
         env = os.environ if env is None else env
+        self.clock = clock or Clock.system()
         self.address = socket_address(env.get(ENV_SOCKET))
         self.watchdog = watchdog_interval(env)
         self.sent = 0
@@ -124,23 +127,23 @@ class Notifier:
         task_status.started()
         if not self.enabled:
             return
-        last_ping = trio.current_time()
+        last_ping = self.clock.now()
         with trio.move_on_after(join_wait):
             while not joined():
                 await trio.sleep(0.05)
-                if self.watchdog is not None and trio.current_time() - last_ping >= self.watchdog:
+                if self.watchdog is not None and self.clock.now() - last_ping >= self.watchdog:
                     self.ping()  # a long join-wait must not trip the watchdog
-                    last_ping = trio.current_time()
+                    last_ping = self.clock.now()
         self.ready(status())
         period = status_interval if self.watchdog is None else min(status_interval, self.watchdog)
-        next_status = trio.current_time() + status_interval
+        next_status = self.clock.now() + status_interval
         while True:
             await trio.sleep(period)
             if self.watchdog is not None:
                 self.ping()
-            if trio.current_time() >= next_status:
+            if self.clock.now() >= next_status:
                 self.status(status())
-                next_status = trio.current_time() + status_interval
+                next_status = self.clock.now() + status_interval
 
 
 def _clean(field: str) -> str:

@@ -17,8 +17,9 @@ import trio
 
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
+from .clock import Clock
 from .journal import ForgetFinished, Journal
-from .tasks import TaskTable, wall_now
+from .tasks import TaskTable
 
 BATCH = 200  # records forgotten per journal commit
 MAX_INTERVAL = 600.0  # seconds between passes, at most
@@ -50,8 +51,10 @@ class Retention:
         in_use: Callable[[m.TaskId], bool],
         log: EventLog = NULL_LOG,
         on_forget: Callable[[m.TaskId], object] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.keep = keep  # seconds; 0 = forever
+        self.clock = clock or table.clock  # finished_at is wall time: compared with wall()
         self.journal = journal
         self.table = table
         self.log_paths = log_paths
@@ -68,7 +71,7 @@ class Retention:
         interval = pass_interval(self.keep)
         while True:
             await trio.sleep(interval)
-            await self.prune(wall_now())
+            await self.prune(self.clock.wall())
 
     async def prune(self, now: float) -> int:
         """Forget every finished task older than the retention; returns how many."""

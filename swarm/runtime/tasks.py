@@ -17,6 +17,7 @@ import trio
 
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
+from .clock import Clock
 from .journal import DelTask, Journal, Op, PutTask
 
 # Finished tasks stay in memory for fast status/wait; older ones are read from disk.
@@ -28,12 +29,17 @@ class UnknownTask(KeyError):
 
 
 def wall_now() -> float:
+    """Deprecated: the system wall clock, for callers not yet given the agent's Clock
+    (read `clock.wall()` instead: it moves with trio's clock, MockClock included)."""
     return time.time()
 
 
 class TaskTable:
-    def __init__(self, journal: Journal, node: m.NodeId, log: EventLog = NULL_LOG) -> None:
+    def __init__(
+        self, journal: Journal, node: m.NodeId, log: EventLog = NULL_LOG, clock: Clock | None = None
+    ) -> None:
         self.journal = journal
+        self.clock = clock or journal.clock  # transition times are clock.wall()
         self.node = node
         self.log = log
         self.active: dict[m.TaskId, m.Task] = {}
@@ -132,7 +138,7 @@ class TaskTable:
         old = self.active.get(task_id)
         if old is None:
             raise UnknownTask(task_id)
-        new = m.transition(old, dst, wall_now(), cause, **kw)
+        new = m.transition(old, dst, self.clock.wall(), cause, **kw)
         self._store(new)
         self.counts[dst.value] = self.counts.get(dst.value, 0) + 1
         self.log.info(
