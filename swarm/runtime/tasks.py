@@ -8,7 +8,6 @@ hear of them, so a client never sees a result the journal could forget.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -26,12 +25,6 @@ RECENT_FINISHED = 20_000
 
 class UnknownTask(KeyError):
     pass
-
-
-def wall_now() -> float:
-    """Deprecated: the system wall clock, for callers not yet given the agent's Clock
-    (read `clock.wall()` instead: it moves with trio's clock, MockClock included)."""
-    return time.time()
 
 
 class TaskTable:

@@ -18,6 +18,7 @@ import io
 import os
 import pwd
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -146,3 +147,25 @@ async def test_agent_on_mock_clock(short_tmp: Path, mock_clock: trio.testing.Moc
 
         agent.request_stop()
     assert agent.coord.tomb_at == {spec.id: W0 + 100.0 + TOMB_TTL + 1.0}
+
+
+def test_clock_readings() -> None:
+    """The agent builds its system clock before trio.run: it takes its offset inside
+    (trio's clock starts anywhere). A fixed clock is its wall at zero plus trio time."""
+    system = Clock.system()
+    assert not system.synced
+    assert abs(system.wall() - time.time()) < 5  # outside trio.run: the system clock
+    fixed = Clock.fixed(W0)
+    mock = trio.testing.MockClock()
+
+    async def main() -> None:
+        assert fixed.now() == 0.0 and fixed.wall() == W0
+        mock.jump(7.0)
+        assert fixed.wall() == W0 + 7.0
+        assert fixed.resync() == 0.0 and fixed.offset == W0  # never follows the system
+        assert system.resync() == 0.0 and system.synced  # the first sync moves nothing
+        assert abs(system.wall() - time.time()) < 5
+        system.offset -= 30.0  # as if the system clock had been stepped 30 s forward
+        assert abs(system.resync() - 30.0) < 5
+
+    trio.run(main, clock=mock)
