@@ -59,8 +59,8 @@ class Agent:
         self.rng = rng = random.Random()
         self.cluster = startup.cluster_node(config, keyring, profile, rng, clock=clock, log=log)
         self.isolation = startup.task_isolation(config, clock, log)
-        # The runner and the coordinator call each other: the runner's hooks reach the
-        # coordinator (built next, with the runner) through these forwarders.
+        # The runner and the driver call each other: the runner's hooks reach the
+        # driver (built next, with the runner) through these forwarders.
         self.runner = LocalRunner(
             self.table,
             self.executor,
@@ -76,7 +76,7 @@ class Agent:
             exit_hook=self.isolation.finished,
             checkpoint_exit_code=config.checkpoint_exit_code,
         )
-        self.coord = startup.coordinator(
+        self.coord = startup.driver(
             config,
             profile,
             gpus,
@@ -88,15 +88,14 @@ class Agent:
             rng=rng,
             clock=clock,
             log=log,
+            admission_hook=self.isolation.admission_refusal,
         )
         migration = startup.migration_settings(config)
         self.migrator = Migrator(self.coord, migration, clock=clock, log=log)
-        # Set after construction, on the two parts being rewritten (issue 18: into
-        # node/ and runtime/driver.py) whose constructors stay as they are until then;
-        # run() sets three more, known only after the start-up checks:
-        # coord.isolation, migrator.criu and coord.criu.
-        self.coord.migrator = self.migrator  # the coordinator and migrator call each other
-        self.coord.admission_hook = self.isolation.admission_refusal
+        # Set after construction: the driver and the migrator call each other; run()
+        # sets three more, known only after the start-up checks: coord.isolation,
+        # migrator.criu and coord.criu.
+        self.coord.migrator = self.migrator
         self.migrator.owner_of = self.isolation.owner_of
         self.retention = Retention(
             config.keep_finished_s,

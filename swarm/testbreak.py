@@ -27,6 +27,11 @@ def _active() -> frozenset[str]:
     return frozenset(p.strip() for p in raw.split(",") if p.strip() in NAMES)
 
 
+def active() -> frozenset[str]:
+    """The switches on in this process (the node's state machine takes them as data)."""
+    return _active()
+
+
 def broken(name: str) -> bool:
     """True only in test mode with `name` listed in SWARM_TEST_BREAK."""
     return name in _active()

@@ -640,7 +640,7 @@ def probe_request_from_wire(obj: Any) -> ProbeRequest:
         round=f.int("round", required=True, lo=0, hi=(1 << 63) - 1),
         kind=kind,
         report=wire.decode_with(codec.load_report_from_wire, f.map("report", required=True)),
-        task_id=f.str("task_id", "", max_len=128),
+        task_id=f.task_id("task_id", ""),  # a task id, never a path (issue 17)
         needs=f.nested("needs", lambda o: wire.decode_with(needs_from_wire, o)),
     )
     f.done()

@@ -26,7 +26,7 @@ from ..policy import feasible
 from ..policy.shares import ShareLedger
 from .api import Ops, PeerCred, RequestError
 from .clock import Clock
-from .coordinator import Coordinator
+from .driver import Driver
 from .isolation import Identities
 from .journal import Event, Journal, JournalError, PutKV
 from .logread import read_log
@@ -51,7 +51,7 @@ class LocalOps:
         runner: LocalRunner,
         ledger: ShareLedger,
         cluster: ClusterNode,
-        coord: Coordinator,
+        coord: Driver,
         migrator: Migrator,
         identities: Identities,
         snapshot: Callable[[], dict[str, Any]],
@@ -529,7 +529,7 @@ class Shares:
         journal: Journal,
         ledger: ShareLedger,
         runner: LocalRunner,
-        coord: Coordinator,
+        coord: Driver,
         clock: Clock,
         log: EventLog,
     ) -> None:

@@ -67,7 +67,7 @@ from .tasks import UnknownTask
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .coordinator import Coordinator
+    from .driver import Driver
 
 S = m.TaskState
 MM = m.MigrateMode
@@ -350,7 +350,7 @@ def _close_synced(fh: IO[bytes]) -> None:
 class Migrator:
     def __init__(
         self,
-        coord: Coordinator,
+        coord: Driver,
         settings: MigratorSettings,
         *,
         clock: Clock,
@@ -543,7 +543,7 @@ class Migrator:
         }
         if d.figures is not None:
             rec["figures"] = {k: round(float(v), 4) for k, v in attrs.asdict(d.figures).items()}
-        self.coord._record_explain(t.id, rec)
+        self.coord.record_explain(t.id, rec)
         if d.would_migrate:
             self.log.info("migration.decision", task=t.id, code=d.code, to=d.target, why=d.reason)
 
@@ -1079,7 +1079,7 @@ class Migrator:
             return refuse("another migration of this task is in flight here")
         if tid in self.outgoing or self._task_here(tid):
             return refuse("the task is already here")
-        why = self.coord._admission_refusal(p.spec)
+        why = self.coord.admission_refusal(p.spec)
         if why is not None:
             return refuse(why)
         task = attrs.evolve(p.task, gpu=p.spec.gpu)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import model as m
 from ..logs import EventLog
 from ..policy.shares import ShareLedger
-from .coordinator import Coordinator
+from .driver import Driver
 from .executor import kill_orphan
 from .journal import DelKV, DelProc, Journal
 from .localops import LocalOps
@@ -26,7 +26,7 @@ def recover(
     table: TaskTable,
     ledger: ShareLedger,
     runner: LocalRunner,
-    coord: Coordinator,
+    coord: Driver,
     migrator: Migrator,
     ops: LocalOps,
     log: EventLog,
@@ -68,9 +68,7 @@ def recover(
         log.info("agent.recovered", tasks=len(rec.active), requeued=requeued)
 
 
-def still_needed(
-    coord: Coordinator, migrator: Migrator, runner: LocalRunner, tid: m.TaskId
-) -> bool:
+def still_needed(coord: Driver, migrator: Migrator, runner: LocalRunner, tid: m.TaskId) -> bool:
     """May retention not forget this finished task yet? Its result is still owed to
     its home or awaited from a guest, it is moving, or it is a global task, which
     must stay known as done here or it would start again."""
@@ -87,7 +85,7 @@ def still_needed(
     )
 
 
-def forget_task_state(coord: Coordinator, journal: Journal, tid: m.TaskId) -> None:
+def forget_task_state(coord: Driver, journal: Journal, tid: m.TaskId) -> None:
     """Retention forgot a task: its settled handoff state (the home's entry stays
     after the final report, for late revokes) and its cached decisions go too."""
     coord.explains.pop(tid, None)

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 from .peers import RpcHandler
 
 if TYPE_CHECKING:
-    from .coordinator import Coordinator
+    from .driver import Driver
     from .localops import LocalOps
     from .migrator import Migrator
 
 
-def peer_routes(coord: Coordinator, migrator: Migrator, ops: LocalOps) -> dict[str, RpcHandler]:
+def peer_routes(coord: Driver, migrator: Migrator, ops: LocalOps) -> dict[str, RpcHandler]:
     return {
         # task handoff between a home and its executors (runtime/coordinator.py)
         "handoff": coord.rpc_handoff,

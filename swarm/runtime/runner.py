@@ -180,8 +180,8 @@ class LocalRunner:
                 failed = ProcessResult(None, None, spawn_error=f"cannot start: {e!r}")
                 launch = _Launch(None, False, failed)
             nursery.start_soon(self._execute, task, launch)
-        keep.extend(self.queue)
-        self.queue = keep
+        # in place: the node's state machine reads this very deque
+        self.queue.extendleft(reversed(keep))
 
     def plan(self, task: m.Task) -> ProcessPlan:
         spec = task.spec

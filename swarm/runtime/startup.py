@@ -11,16 +11,19 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import testbreak
 from ..config import Config, ConfigError
 from ..crypto import Keyring, KeyringError
 from ..logs import EventLog
+from ..model import TaskSpec
 from ..node.config import Profile
+from ..node.state import Settings
 from ..policy import gpu as gpupol
 from ..policy.shares import ShareLedger
 from . import exechelper
 from . import gpu as gpu_runtime
 from .clock import Clock
-from .coordinator import Coordinator
+from .driver import Driver
 from .gpu import Inventory
 from .isolation import Identities, IsolationError, TaskIsolation
 from .isolation import detect as detect_cgroups
@@ -195,7 +198,7 @@ def cluster_node(
     )
 
 
-def coordinator(
+def driver(
     config: Config,
     profile: Profile,
     gpus: Inventory,
@@ -208,9 +211,18 @@ def coordinator(
     rng: random.Random,
     clock: Clock,
     log: EventLog,
-) -> Coordinator:
-    """The coordinator, its options from the config and the profile."""
-    return Coordinator(
+    admission_hook: Callable[[TaskSpec], str | None] | None = None,
+) -> Driver:
+    """The node's driver and state machine, their options from the config and profile."""
+    settings = Settings(
+        placement_d=config.placement_d,
+        placement_rule=config.placement,
+        gpu_policy=config.gpu_policy,
+        psi_target=config.qos_psi_target,
+        slots=config.slots,
+        breaks=testbreak.active(),
+    )
+    return Driver(
         node=config.node_id,
         table=table,
         journal=journal,
@@ -218,16 +230,14 @@ def coordinator(
         cluster=cluster,
         ledger=ledger,
         log=log,
-        placement_d=config.placement_d,
-        psi_target=config.qos_psi_target,
+        clock=clock,
+        settings=settings,
         report_interval=config.report_interval,
         rpc_timeout=profile.rpc_timeout,
         transfer_config=profile.transfer,
-        placement_rule=config.placement,
         transfer=config.transfer,
         gpu_devices=gpus.devices,
-        gpu_policy=config.gpu_policy,
         mps=config.mps,
         rng=rng,
-        clock=clock,
+        admission_hook=admission_hook,
     )

@@ -18,7 +18,7 @@ from .. import __version__
 from .. import model as m
 from ..policy.shares import ShareLedger
 from .clock import Clock
-from .coordinator import Coordinator
+from .driver import Driver
 from .isolation import TaskIsolation
 from .journal import Journal
 from .migrator import Migrator
@@ -39,7 +39,7 @@ class Stats:
         runner: LocalRunner,
         ledger: ShareLedger,
         cluster: ClusterNode,
-        coord: Coordinator,
+        coord: Driver,
         migrator: Migrator,
         retention: Retention,
         isolation: TaskIsolation,

@@ -8,7 +8,6 @@ hear of them, so a client never sees a result the journal could forget.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -16,6 +15,7 @@ import trio
 
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
+from ..node.records import TaskRecords
 from .clock import Clock
 from .journal import DelTask, Journal, Op, PutTask
 
@@ -28,17 +28,36 @@ class UnknownTask(KeyError):
 
 
 class TaskTable:
+    """The records (swarm/node/records.py, shared with the node's state machine) plus
+    their journal and the waiters on each task."""
+
     def __init__(
-        self, journal: Journal, node: m.NodeId, log: EventLog = NULL_LOG, clock: Clock | None = None
+        self,
+        journal: Journal,
+        node: m.NodeId,
+        log: EventLog = NULL_LOG,
+        clock: Clock | None = None,
+        records: TaskRecords | None = None,
     ) -> None:
         self.journal = journal
         self.clock = clock or journal.clock  # transition times are clock.wall()
         self.node = node
         self.log = log
-        self.active: dict[m.TaskId, m.Task] = {}
-        self.finished: OrderedDict[m.TaskId, m.Task] = OrderedDict()
+        self.records = records if records is not None else TaskRecords(RECENT_FINISHED)
         self._changed: dict[m.TaskId, trio.Event] = {}
-        self.counts: dict[str, int] = {}  # transitions by destination state
+
+    @property
+    def active(self) -> dict[m.TaskId, m.Task]:
+        return self.records.active
+
+    @property
+    def finished(self) -> dict[m.TaskId, m.Task]:
+        return self.records.finished
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Transitions by destination state."""
+        return self.records.counts
 
     # ----------------------------------------------------------------- reads
 
@@ -107,56 +126,47 @@ class TaskTable:
 
     def replace(self, task: m.Task) -> None:
         """Adopt a record computed elsewhere (e.g. a guest task accepted from its home)."""
-        last = task.history[-1] if task.history else None
-        self.log.info(
-            "task.state",
-            task=task.id,
-            src="" if last is None or last.src is None else last.src.value,
-            dst=task.state.value,
-            cause="" if last is None else last.cause,
-            where=task.node,
-        )
-        self._store(task)
+        self.records.store(task)
+        self.noted(task)
         self.journal.enqueue([PutTask(task)])
         self._wake(task.id)
 
     def forget(self, task_id: m.TaskId) -> None:
         """Drop a record entirely (journaled): a guest that left before it ran here."""
-        self.active.pop(task_id, None)
-        self.finished.pop(task_id, None)
+        self.records.forget(task_id)
         self.journal.enqueue([DelTask(task_id)])
         self._wake(task_id)
 
-    def _apply(self, task_id: m.TaskId, dst: m.TaskState, cause: str, **kw: Any) -> m.Task:
-        old = self.active.get(task_id)
-        if old is None:
-            raise UnknownTask(task_id)
-        new = m.transition(old, dst, self.clock.wall(), cause, **kw)
-        self._store(new)
-        self.counts[dst.value] = self.counts.get(dst.value, 0) + 1
+    def noted(self, task: m.Task, counted: bool = True) -> None:
+        """Log a record's latest transition (the node's state machine made it)."""
+        last = task.history[-1] if task.history else None
+        dst = task.state
         self.log.info(
             "task.state",
-            task=task_id,
-            src=old.state.value,
+            task=task.id,
+            src="" if last is None or last.src is None else last.src.value,
             dst=dst.value,
-            cause=cause,
-            where=new.node,
-            **({"exit": new.exit_code} if dst.terminal and new.exit_code is not None else {}),
-            **({"signal": new.signal} if dst.terminal and new.signal is not None else {}),
+            cause="" if last is None else last.cause,
+            where=task.node,
+            **({"exit": task.exit_code} if dst.terminal and task.exit_code is not None else {}),
+            **({"signal": task.signal} if dst.terminal and task.signal is not None else {}),
         )
+
+    def _apply(self, task_id: m.TaskId, dst: m.TaskState, cause: str, **kw: Any) -> m.Task:
+        if task_id not in self.records.active:
+            raise UnknownTask(task_id)
+        new = self.records.apply(task_id, dst, self.clock.wall(), cause, **kw)
+        self.noted(new)
         return new
 
     def _store(self, task: m.Task) -> None:
-        if task.state.terminal:
-            self.active.pop(task.id, None)
-            self.finished[task.id] = task
-            self.finished.move_to_end(task.id)
-            while len(self.finished) > RECENT_FINISHED:
-                self.finished.popitem(last=False)
-        else:
-            self.active[task.id] = task
+        self.records.store(task)
 
     # --------------------------------------------------------------- waiting
+
+    def wake(self, task_id: m.TaskId) -> None:
+        """Whoever waits on this task looks again (its record changed)."""
+        self._wake(task_id)
 
     def _wake(self, task_id: m.TaskId) -> None:
         ev = self._changed.pop(task_id, None)

@@ -26,7 +26,7 @@ from swarm.config import load_config
 from swarm.logs import EventLog
 from swarm.policy.shares import ShareLedger
 from swarm.runtime.api import PeerCred
-from swarm.runtime.coordinator import Coordinator
+from swarm.runtime.driver import Driver
 from swarm.runtime.executor import Executor
 from swarm.runtime.journal import Event as JEvent
 from swarm.runtime.journal import Journal
@@ -35,21 +35,30 @@ from swarm.runtime.tasks import TaskTable
 
 
 def _node(tmp: Path, shares: int, slots: int) -> tuple[TaskTable, LocalRunner, ShareLedger]:
+    table, runner, ledger, _ = node_with_driver(tmp, shares, slots)
+    return table, runner, ledger
+
+
+def node_with_driver(
+    tmp: Path, shares: int, slots: int
+) -> tuple[TaskTable, LocalRunner, ShareLedger, Driver]:
+    """A node's real parts (journal, table, runner, driver) without a network."""
     journal = Journal(tmp / "journal.db", node="n1")
     table = TaskTable(journal, "n1")
+    parts: dict[str, Driver] = {}
     runner = LocalRunner(
         table, Executor(kill_grace=1.0), node="n1", slots=slots, log_dir=tmp / "logs",
         state_dir=tmp,
+        can_start=lambda t: parts["driver"].can_start(t),
+        on_started=lambda t: parts["driver"].on_started(t),
+        on_finished=lambda t: parts["driver"].on_finished(t),
     )  # fmt: skip
     ledger = ShareLedger(shares)
-    coord = Coordinator(
+    parts["driver"] = Driver(
         node="n1", table=table, journal=journal, runner=runner, cluster=None, ledger=ledger,
-        log=runner.log,
+        log=runner.log, clock=table.clock,
     )  # fmt: skip
-    runner.can_start = coord.can_start
-    runner.on_started = coord.on_started
-    runner.on_finished = coord.on_finished
-    return table, runner, ledger
+    return table, runner, ledger, parts["driver"]
 
 
 async def test_reservations_queued_together_never_oversubscribe(tmp_path: Path) -> None:
@@ -203,9 +212,7 @@ async def test_global_tasks_held_by_a_drained_cluster_start_at_the_undrain(
     waited for the globals loop's timer (10 s) after the undrain, on every node. Now a
     local or a peer's undrain starts it at once. The clock here never moves, so only
     the undrain itself can start it."""
-    table, runner, _ = _node(tmp_path, shares=0, slots=2)
-    coord = runner.can_start.__self__  # type: ignore[union-attr]
-    assert isinstance(coord, Coordinator)
+    table, runner, _, coord = node_with_driver(tmp_path, shares=0, slots=2)
     spec = m.TaskSpec(id="tglobal", argv=("true",), is_global=True, home="n1", cwd="/")
     peer = m.LoadReport(node="n2", version=1, shares=0)
     async with trio.open_nursery() as nursery:
@@ -230,9 +237,7 @@ async def test_global_tasks_held_by_a_drained_cluster_start_at_the_undrain(
 async def test_a_local_undrain_starts_held_global_tasks(
     tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
-    table, runner, ledger = _node(tmp_path, shares=0, slots=2)
-    coord = runner.can_start.__self__  # type: ignore[union-attr]
-    assert isinstance(coord, Coordinator)
+    table, runner, ledger, coord = node_with_driver(tmp_path, shares=0, slots=2)
     spec = m.TaskSpec(id="tglobal2", argv=("true",), is_global=True, home="n1", cwd="/")
     async with trio.open_nursery() as nursery:
         await nursery.start(table.journal.run)
@@ -259,9 +264,7 @@ async def test_a_home_that_restarted_mid_offer_places_the_task_again_when_it_fai
     n1 then died, the offer failed and the task went back to QUEUED at its home, where
     nothing placed it again (only a placement coroutine of the previous life had been
     waiting for that outcome). It never ran."""
-    table, runner, _ = _node(tmp_path, shares=1024, slots=2)
-    coord = runner.can_start.__self__  # type: ignore[union-attr]
-    assert isinstance(coord, Coordinator)
+    table, runner, _, coord = node_with_driver(tmp_path, shares=1024, slots=2)
     spec = m.TaskSpec(id="toffer", argv=("true",), home="n1", cwd="/")
     # what the journal of the previous life holds: the task TRANSFERRING, the home's
     # handoff entry OFFERING it to n2, and nobody in this life waiting for the outcome

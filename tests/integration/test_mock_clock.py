@@ -34,8 +34,8 @@ from swarm.client import Client
 from swarm.cluster import handoff as h
 from swarm.config import load_config
 from swarm.logs import EventLog
+from swarm.node.recovery import TOMB_TTL
 from swarm.runtime.clock import Clock
-from swarm.runtime.coordinator import TOMB_TTL
 
 W0 = 1_700_000_000.0  # the fixed clock's wall time at virtual time 0
 HOME = "n9"  # a peer home that offers this agent a task (no such process: RPCs by hand)

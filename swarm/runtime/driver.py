@@ -1,0 +1,606 @@
+"""The node's driver: the one async owner of the node's state machine (swarm/node/).
+
+It feeds stimuli (a submission to place, a peer's request or reply, a membership
+event, a local run that started or ended, a timer) into `NodeState` and carries out
+the instructions it returns, in list order: a durable journal write is awaited before
+the next instruction, so "journal the decision, then send the message" is the order of
+a list. Instructions that need no await run inline, in the caller's own turn, so the
+submit-to-start path (place here, admit, queue, gate, start) makes no trip through
+trio's scheduler. Timers of the placement machine come back as `WakeAt` deadlines,
+served by one deadline loop.
+
+Every rule lives in swarm/node/ (and the pure layers below it); what is here is I/O:
+the journal, peer RPCs, the runner, the migration side, gossip, logs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from .. import codec, wire
+from .. import model as m
+from ..cluster import handoff as h
+from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpdated, MemberEvent
+from ..logs import EventLog
+from ..node import events as ev
+from ..node import recovery
+from ..node.loadstate import changed_meaningfully
+from ..node.state import NodeState, Settings
+from ..policy import gpu as gpupol
+from ..policy import shares as sh
+from ..policy import transfer as tr
+from .clock import Clock
+from .globaltasks import GlobalTaskIO
+from .journal import DelKV, DelTask, Journal, PutKV, PutTask
+from .journal import Event as JEvent
+from .logread import read_log
+from .net import TransportError
+from .peers import ClusterNode, RemoteError
+from .runner import LocalRunner
+from .sampler import Sampler
+from .tasks import TaskTable, UnknownTask
+from .transfers import TransferIO
+
+S = m.TaskState
+GLOBALS_KEY = recovery.GLOBALS_KEY
+TOMB_TTL = recovery.TOMB_TTL
+
+
+class MoveHooks(Protocol):
+    """What the driver asks of the migration side (runtime/migrator.Migrator), named
+    here so the two modules do not import each other."""
+
+    def holds_state(self, t: m.Task) -> bool: ...
+    def on_started(self, task: m.Task) -> None: ...
+    def on_stopped(self, task: m.Task) -> None: ...
+    def on_ended(self, task: m.Task) -> None: ...
+    def on_left(self, tid: m.TaskId) -> None: ...
+    async def cancel(self, tid: m.TaskId, cause: str) -> None: ...
+
+
+class Driver:
+    def __init__(
+        self,
+        *,
+        node: m.NodeId,
+        table: TaskTable,
+        journal: Journal,
+        runner: LocalRunner,
+        cluster: ClusterNode | None,
+        ledger: sh.ShareLedger,
+        log: EventLog,
+        clock: Clock,
+        settings: Settings = Settings(),
+        report_interval: float = 1.0,
+        rpc_timeout: float = 5.0,
+        transfer_config: tr.TransferConfig | None = None,
+        transfer: bool = True,
+        gpu_devices: tuple[gpupol.GpuDevice, ...] = (),
+        mps: bool = False,
+        rng: random.Random | None = None,
+        admission_hook: Callable[[m.TaskSpec], str | None] | None = None,
+    ) -> None:
+        self.node = node
+        self.table = table
+        self.clock = clock
+        self.journal = journal
+        self.runner = runner
+        self.cluster = cluster
+        self.log = log
+        self.report_interval = report_interval
+        self.rpc_timeout = rpc_timeout
+        self.mps = mps
+        self.sampler = Sampler()
+        self.migrator: MoveHooks | None = None  # set by the agent (they call each other)
+        self.state = NodeState(
+            node,
+            ledger=ledger,
+            records=table.records,
+            settings=settings,
+            gpu_devices=gpu_devices,
+            queued=runner.queue,
+            running=runner.running,
+            rng=rng,
+            state_held=self._state_held,
+            admission_hook=admission_hook,
+        )
+        # measured now; peak usage and Flex follow from the report loop's samples on
+        self.state.sample = self.sampler.sample()
+        self.transfers = TransferIO(self, transfer_config, enabled=transfer)
+        self.globals_io = GlobalTaskIO(self)
+        self._nursery: trio.Nursery | None = None
+        self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
+        self._inflight: set[tuple[m.NodeId, h.Request]] = set()
+        self._wake_at = math.inf
+        self._wake_kick = trio.Event()
+        self._published_at = 0.0
+        self._last_published: m.LoadReport | None = None
+        self._publish_pending = False
+        self.min_publish_gap = min(0.25, report_interval)
+        self.io_counters: dict[str, int] = {
+            "handoff_rpcs": 0,
+            "handoff_rpc_failures": 0,
+            "transfers_pushed": 0,
+            "transfers_stolen": 0,
+        }
+
+    # ------------------------------------------------ the state, as others read it
+
+    @property
+    def ledger(self) -> sh.ShareLedger:
+        return self.state.ledger
+
+    @property
+    def home(self) -> h.HomeSide:
+        return self.state.home
+
+    @property
+    def guest(self) -> h.GuestSide:
+        return self.state.guest
+
+    @property
+    def gpus(self) -> gpupol.GpuAllocator:
+        return self.state.gpus
+
+    @property
+    def view(self) -> Any:
+        return self.state.view
+
+    @property
+    def tomb_at(self) -> dict[m.TaskId, float]:
+        return self.state.handoffs.tomb_at
+
+    @property
+    def explains(self) -> Any:
+        return self.state.explains
+
+    @property
+    def pending_cancel(self) -> set[m.TaskId]:
+        return self.state.pending_cancel
+
+    @property
+    def sample(self) -> Any:
+        return self.state.sample
+
+    @property
+    def rng(self) -> random.Random:
+        return self.state.rng
+
+    @property
+    def d(self) -> int:
+        return self.state.d
+
+    @property
+    def transfer(self) -> tr.TransferPolicy:
+        return self.transfers.policy
+
+    @property
+    def globals(self) -> sh.GlobalTasks:
+        return self.state.globals
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return {**self.state.counters, **self.io_counters}
+
+    @property
+    def isolation(self) -> str:
+        return self.state.isolation
+
+    @isolation.setter
+    def isolation(self, kind: str) -> None:
+        self.state.isolation = kind
+
+    @property
+    def criu(self) -> bool:
+        return self.state.criu
+
+    @criu.setter
+    def criu(self, ok: bool) -> None:
+        self.state.criu = ok
+
+    def _state_held(self, t: m.Task) -> bool:
+        return self.migrator is not None and self.migrator.holds_state(t)
+
+    def _time(self) -> tuple[float, float]:
+        return self.clock.now(), self.clock.wall()
+
+    # ------------------------------------------------------------ instructions
+
+    def run_inline(self, instrs: list[ev.Instruction]) -> None:
+        """Carry out what needs no await now, in the caller's turn; from the first
+        instruction that does, the rest goes on in a task of its own, in order."""
+        for n, i in enumerate(instrs):
+            if ev.blocks(i):
+                self._spawn(self.execute, instrs[n:])
+                return
+            self._do(i)
+
+    async def execute(self, instrs: list[ev.Instruction]) -> None:
+        for i in instrs:
+            if ev.blocks(i):
+                await self._do_blocking(i)
+            else:
+                self._do(i)
+
+    async def _do_blocking(self, i: ev.Instruction) -> None:
+        if isinstance(i, ev.Record):
+            self.table.noted(i.task, counted=i.counted)
+            await self.journal.commit([PutTask(i.task)], must_land=True)
+            self.table.wake(i.task.id)
+        elif isinstance(i, ev.Persist):
+            await self.journal.commit(_kv_ops(i.ops), must_land=True)
+        elif isinstance(i, ev.StopRun):
+            if i.reason is None:
+                await self.runner.cancel(i.task_id)
+            else:
+                await self.runner.cancel(i.task_id, reason=i.reason)
+        elif isinstance(i, ev.StopMove) and self.migrator is not None:
+            await self.migrator.cancel(i.task_id, i.cause)
+
+    def _do(self, i: ev.Instruction) -> None:
+        if isinstance(i, ev.Record):
+            self.table.noted(i.task, counted=i.counted)
+            self.journal.enqueue([PutTask(i.task)])
+            self.table.wake(i.task.id)
+        elif isinstance(i, ev.Persist):
+            self.journal.enqueue(_kv_ops(i.ops))
+        elif isinstance(i, ev.Enqueue):
+            if i.front:
+                self.runner.queue.appendleft(i.task_id)
+                self.runner.kick()
+            else:
+                self.runner.enqueue(i.task_id)
+        elif isinstance(i, ev.Requeue):
+            self.runner.queue.appendleft(i.task_id)
+            self.runner.kick()
+        elif isinstance(i, ev.Dequeue):
+            try:
+                self.runner.queue.remove(i.task_id)
+            except ValueError:
+                pass
+        elif isinstance(i, ev.SendHandoff):
+            key = (i.send.dest, i.send.request)
+            if key in self._inflight:
+                # the same question is still on its way: a retry now would only add load
+                self.io_counters["handoff_dedup"] = self.io_counters.get("handoff_dedup", 0) + 1
+                return
+            self._inflight.add(key)
+            self._spawn(self._deliver, i.send)
+        elif isinstance(i, ev.Explain):
+            rec = i.record
+            self.journal.enqueue([JEvent(rec["at"], "decision", i.task_id, self.node, rec)])
+        elif isinstance(i, ev.LoadChanged):
+            self.load_changed()
+        elif isinstance(i, ev.Place):
+            self.place_soon(i.task_id)
+        elif isinstance(i, ev.OfferOutcome):
+            w = self._offer_waiters.pop(i.task_id, None)
+            if w is not None:
+                w[1].append((i.ok, i.reason))
+                w[0].set()
+        elif isinstance(i, ev.MoveHook):
+            self._move_hook(i)
+        elif isinstance(i, ev.Forget):
+            self.journal.enqueue([DelTask(i.task_id)])
+            self.table.wake(i.task_id)
+        elif isinstance(i, ev.WakeAt):
+            if i.at < self._wake_at:
+                self._wake_at = i.at
+                self._wake_kick.set()
+        elif isinstance(i, ev.Log):
+            getattr(self.log, i.level)(i.event, **dict(i.fields))
+        elif isinstance(i, ev.Later):
+            self._spawn(self.execute, list(i.instructions))
+
+    def _move_hook(self, i: ev.MoveHook) -> None:
+        mig = self.migrator
+        if mig is None:
+            return
+        if i.what == "left":
+            mig.on_left(i.task_id)
+        elif i.task is not None:
+            {"started": mig.on_started, "stopped": mig.on_stopped, "ended": mig.on_ended}[i.what](
+                i.task
+            )
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    # ------------------------------------------------------------------ run
+
+    def restore(self, kv: dict[str, Any]) -> None:
+        globals_, instrs = recovery.restore(
+            kv, self.clock.wall(), self.state.handoffs, self.table.active, self.state.gpus
+        )
+        if globals_ is not None:
+            self.state.globals = globals_
+        for i in instrs:
+            self._do(i)  # log lines and journal deletes: nothing here awaits
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.cluster is not None:
+                self.cluster.on_event = self.on_event
+                # its peer routes are in runtime/routes.py, installed by the agent
+            nursery.start_soon(self._report_loop)
+            nursery.start_soon(self._handoff_tick_loop)
+            nursery.start_soon(self._wake_loop)
+            if self.cluster is not None and self.transfers.enabled:
+                nursery.start_soon(self.transfers.loop)
+            nursery.start_soon(self.globals_io.loop)
+            # resume what the journal says was in flight
+            for tid in recovery.interrupted_offers(self.table.active, self.state.handoffs):
+                self.table.change(tid, S.QUEUED, "offer interrupted by restart", node=self.node)
+            for t in list(self.table.active.values()):
+                mine = t.spec.home == self.node and t.node == self.node and not t.spec.is_global
+                if mine and t.state is S.QUEUED and t.id not in self.ledger:
+                    self.place_soon(t.id)
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def _wake_loop(self) -> None:
+        """The one deadline of the placement machine's timers (WakeAt)."""
+        while True:
+            with trio.move_on_at(self._wake_at):
+                await self._wake_kick.wait()
+            self._wake_kick = trio.Event()
+            now, wall = self._time()
+            if now >= self._wake_at:
+                self._wake_at = math.inf
+                self.run_inline(self.state.wake(now, wall))
+
+    # ---------------------------------------------------------- local state
+
+    def local_report(self) -> m.LoadReport:
+        return self.state.local_report(self.clock.wall())
+
+    def queue_view(self) -> list[tr.QueuedTask]:
+        return self.state.queue_view(self.clock.now())
+
+    async def _report_loop(self) -> None:
+        while True:
+            # the one place the agent's wall clock follows the system's (an NTP step)
+            moved = self.clock.resync()
+            if abs(moved) >= 1.0:
+                self.log.warning("clock.stepped", seconds=round(moved, 3))
+            self.state.on_sample(self.sampler.sample(), self.clock.now())
+            report = self.local_report()
+            if self._last_published is None or changed_meaningfully(self._last_published, report):
+                self.publish_load(report)
+            # else: the membership core re-gossips the last report on its own refresh timer
+            await trio.sleep(self.report_interval)
+
+    def publish_load(self, report: m.LoadReport | None = None) -> None:
+        if self.cluster is not None:
+            self._published_at = self.clock.now()
+            report = report if report is not None else self.local_report()
+            self._last_published = report
+            self.cluster.set_local_load(report)
+
+    def shares_changed(self) -> None:
+        """This node's shares changed (drain, undrain, `swarm shares`): publish, and let
+        global tasks that a cluster without shares held back start now, not at the timer."""
+        self.publish_load()
+        self.globals_io.kick()
+
+    def load_changed(self) -> None:
+        """Our queue changed: publish soon (rate-limited), so peers' views stay fresh."""
+        if self._publish_pending or self._nursery is None:
+            return
+        self._publish_pending = True
+        self._nursery.start_soon(self._publish_later)
+
+    async def _publish_later(self) -> None:
+        await trio.sleep(max(0.0, self._published_at + self.min_publish_gap - self.clock.now()))
+        self._publish_pending = False
+        self.publish_load()
+
+    # ----------------------------------------------------------- placement
+
+    def place_soon(self, tid: m.TaskId) -> None:
+        """Place a queued task whose home is here; the common case (here, admitted) is
+        in the run queue before this returns."""
+        if self._nursery is None:
+            return
+        now, wall = self._time()
+        self.run_inline(self.state.place(tid, now, wall))
+
+    async def explain(self, tid: m.TaskId) -> list[dict[str, Any]]:
+        cached = self.state.explains.get(tid)
+        if cached is not None:
+            return list(cached)
+        return await self.journal.events_for(tid, "decision")
+
+    def record_explain(self, tid: m.TaskId, rec: dict[str, Any]) -> None:
+        self._do(self.state.explain(tid, rec, self.clock.wall()))
+
+    def admission_refusal(self, spec: m.TaskSpec) -> str | None:
+        return self.state.admission_refusal(spec)
+
+    # -------------------------------------------------------------- handoff
+
+    async def offer_home_task(self, tid: m.TaskId, target: m.NodeId) -> tuple[bool, str]:
+        """Offer a task whose home is here (held here) to `target`; wait for the outcome."""
+        now, wall = self._time()
+        why, instrs = self.state.offer(tid, target, now, wall)
+        if why is not None:
+            return False, why
+        done = trio.Event()
+        result: list[tuple[bool, str]] = []
+        self._offer_waiters[tid] = (done, result)
+        await self.execute(instrs)
+        await done.wait()
+        return result[0] if result else (False, "no outcome")
+
+    async def apply(self, outs: list[h.Output], *task_ids: m.TaskId) -> None:
+        """Apply handoff outputs: decisions first (journaled), then the sends."""
+        now, wall = self._time()
+        await self.execute(self.state.apply(outs, list(task_ids), now, wall))
+
+    async def _deliver(self, s: h.Send) -> None:
+        """Send one handoff request and feed the reply (or its absence) back."""
+        req = s.request
+        reply: h.Reply | None = None
+        self.io_counters["handoff_rpcs"] += 1
+        kind = "handoff_sent_" + type(req).__name__.lower()
+        self.io_counters[kind] = self.io_counters.get(kind, 0) + 1
+        try:
+            if self.cluster is not None:
+                raw = await self.cluster.request(
+                    s.dest, {"op": "handoff", "req": h.request_to_wire(req)}, self.rpc_timeout
+                )
+                reply = h.reply_from_wire(raw.get("reply"))
+        except (TransportError, RemoteError, wire.WireError) as e:
+            self.io_counters["handoff_rpc_failures"] += 1
+            self.log.debug("handoff.rpc_failed", dest=s.dest, kind=type(req).__name__, error=str(e))
+        finally:
+            self._inflight.discard((s.dest, req))
+        now, wall = self._time()
+        await self.execute(self.state.on_reply(s.dest, req, reply, now, wall))
+
+    async def _handoff_tick_loop(self) -> None:
+        while True:
+            # retries are due only while something is in flight: idle nodes wake rarely
+            await trio.sleep(0.2 if self.state.handoff_busy() else 1.0)
+            now, wall = self._time()
+            await self.execute(self.state.tick(now, wall))
+
+    async def rpc_handoff(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        r = h.request_from_wire(req.get("req"))
+        now, wall = self._time()
+        refusal = self.state.admission_refusal(r.spec) if isinstance(r, h.Offer) else None
+        reply, instrs = self.state.on_request(sender, r, now, wall, refusal)
+        await self.execute(instrs)
+        return {"reply": h.reply_to_wire(reply)}
+
+    async def cancel_remote(self, tid: m.TaskId) -> None:
+        """Cancel a task whose home is here and which lives elsewhere (or is in flight)."""
+        now, wall = self._time()
+        await self.execute(self.state.cancel_remote(tid, now, wall))
+
+    # ------------------------------------------------------- runner hooks
+
+    def can_start(self, task: m.Task) -> str | None:
+        """Why a queued local task must not start now (None: go, and its shares are taken:
+        the runner starts every task this gate lets through)."""
+        why, instrs = self.state.can_start(task)
+        self.run_inline(instrs)
+        return why
+
+    def release_gpu(self, tid: m.TaskId) -> None:
+        self.run_inline(self.state.release_gpu(tid))
+
+    def gpu_env(self, task: m.Task) -> dict[str, str]:
+        """CUDA_VISIBLE_DEVICES and friends for a task that holds a GPU allocation."""
+        a = self.state.gpus.get(task.id)
+        if a is None:
+            return {}
+        return gpupol.env_for(a, self.state.gpus.devices, self.mps)
+
+    def on_started(self, task: m.Task) -> None:
+        now, wall = self._time()
+        self.state.needs.pop(task.id, None)
+        self.run_inline(self.state.on_started(task, now, wall))
+
+    def on_finished(self, task: m.Task) -> None:
+        """A local run ended: terminal, back to the queue (shutdown), or stopped to move."""
+        now, wall = self._time()
+        self.run_inline(self.state.on_ended(task, now, wall))
+
+    # ------------------------------------------------------------ membership
+
+    def on_event(self, e: Event) -> None:
+        if isinstance(e, LoadUpdated):
+            if e.report.node != self.node:
+                prev = self.state.view.get(e.report.node)
+                self.state.view.upsert(e.report, e.at)
+                if e.report.shares > 0 and prev is not None and prev.report.shares <= 0:
+                    self.globals_io.kick()  # a peer undrained: held global tasks may start
+                self._wake_jobs()
+        elif isinstance(e, MemberEvent):
+            node = e.member.node
+            if node == self.node:
+                return
+            if e.kind in (EventKind.DEAD, EventKind.LEFT):
+                now, wall = self._time()
+                self.run_inline(self.state.on_node_dead(node, now, wall))
+            elif e.kind is EventKind.JOINED:
+                self._wake_jobs()
+                self.globals_io.kick()
+        elif isinstance(e, AppMessage) and e.key == GLOBALS_KEY:
+            self.globals_io.merge(e.payload)
+        elif isinstance(e, AppState):
+            g = e.state.get(GLOBALS_KEY) if isinstance(e.state, dict) else None
+            if g is not None:
+                self.globals_io.merge(g)
+
+    def _wake_jobs(self) -> None:
+        """A peer's report or join: placements waiting on a back-off look again."""
+        if self.state.jobs and self._nursery is not None:
+            now, wall = self._time()
+            self.run_inline(self.state.wake(now, wall))
+
+    # ------------------------------------------------------------ RPC: reads
+
+    async def rpc_task(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
+        """Look up a task record here (for `swarm status` from another agent)."""
+        tid = req.get("id")
+        if not m.valid_task_id(tid):
+            raise wire.SchemaError("task: missing or invalid id")
+        assert isinstance(tid, str)
+        try:
+            t = await self.table.get(tid)
+        except UnknownTask:
+            return {"task": None}
+        return {"task": codec.task_to_wire(t)}
+
+    async def rpc_logs(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> None:
+        """Stream a local task's log to a peer (the task's home proxies it to its client)."""
+        f = wire.Fields(req, "logs rpc", ignore=("v", "op", "from"))
+        tid = f.task_id("id", required=True)
+        which = f.str("stream", "stdout")
+        follow = f.bool("follow", False)
+        offset = f.int("offset", 0, lo=0)
+        f.done()
+        out, err = self.runner.log_paths(tid)
+        path = out if which == "stdout" else err
+
+        async def current() -> m.Task | None:
+            try:
+                return await self.table.get(tid)
+            except UnknownTask:
+                return None
+
+        stream.timeout = math.inf
+        async for part in read_log(path, offset, follow, current, self.table):
+            await stream.send(part, timeout=30.0)
+        return None
+
+    # the transfer side's RPCs (runtime/transfers.py), named for the route table
+    async def rpc_probe(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> Any:
+        return await self.transfers.rpc_probe(req, sender, stream)
+
+    async def rpc_steal(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> Any:
+        return await self.transfers.rpc_steal(req, sender, stream)
+
+    async def push(self, tid: m.TaskId, peer: m.NodeId) -> bool:
+        return await self.transfers.push(tid, peer)
+
+    async def add_global(self, spec: m.TaskSpec) -> None:
+        await self.globals_io.add(spec)
+
+    async def remove_global(self, tid: m.TaskId) -> None:
+        await self.globals_io.remove(tid)
+
+
+def _kv_ops(ops: tuple[ev.Put | ev.Delete, ...]) -> list[PutKV | DelKV]:
+    return [PutKV(o.key, o.value) if isinstance(o, ev.Put) else DelKV(o.key) for o in ops]
