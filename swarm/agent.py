@@ -76,6 +76,8 @@ class Agent:
             exit_hook=self.isolation.finished,
             checkpoint_exit_code=config.checkpoint_exit_code,
         )
+        made: list[Migrator] = []  # the driver builds its migration side (they call each other)
+        moves = startup.migrator_factory(config, clock, self.isolation.owner_of, log, made)
         self.coord = startup.driver(
             config,
             profile,
@@ -89,14 +91,9 @@ class Agent:
             clock=clock,
             log=log,
             admission_hook=self.isolation.admission_refusal,
+            moves=moves,
         )
-        migration = startup.migration_settings(config)
-        self.migrator = Migrator(self.coord, migration, clock=clock, log=log)
-        # Set after construction: the driver and the migrator call each other; run()
-        # sets three more, known only after the start-up checks: coord.isolation,
-        # migrator.criu and coord.criu.
-        self.coord.migrator = self.migrator
-        self.migrator.owner_of = self.isolation.owner_of
+        self.migrator = made[0]
         self.retention = Retention(
             config.keep_finished_s,
             self.journal,
@@ -184,9 +181,8 @@ class Agent:
             log=self.log,
         )
         await self.isolation.start()
-        self.coord.isolation = self.isolation.kind  # set after construction: see __init__
-        self.migrator.criu = await criu_rt.detect()
-        self.coord.criu = self.migrator.criu.ok
+        self.migrator.set_criu(await criu_rt.detect())
+        self.coord.host_facts(isolation=self.isolation.kind, criu=self.migrator.criu.ok)
         self.log.info("criu.detect", ok=self.migrator.criu.ok, reason=self.migrator.criu.reason)
         try:
             async with trio.open_nursery() as nursery:

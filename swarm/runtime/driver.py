@@ -84,6 +84,7 @@ class Driver:
         mps: bool = False,
         rng: random.Random | None = None,
         admission_hook: Callable[[m.TaskSpec], str | None] | None = None,
+        moves: Callable[[Driver], MoveHooks] | None = None,
     ) -> None:
         self.node = node
         self.table = table
@@ -96,7 +97,6 @@ class Driver:
         self.rpc_timeout = rpc_timeout
         self.mps = mps
         self.sampler = Sampler()
-        self.migrator: MoveHooks | None = None  # set by the agent (they call each other)
         self.state = NodeState(
             node,
             ledger=ledger,
@@ -111,6 +111,8 @@ class Driver:
         )
         # measured now; peak usage and Flex follow from the report loop's samples on
         self.state.sample = self.sampler.sample()
+        # the migration side and the driver call each other: the driver builds it
+        self.migrator: MoveHooks | None = moves(self) if moves is not None else None
         self.transfers = TransferIO(self, transfer_config, enabled=transfer)
         self.globals_io = GlobalTaskIO(self)
         self._nursery: trio.Nursery | None = None
@@ -187,21 +189,11 @@ class Driver:
     def counters(self) -> dict[str, int]:
         return {**self.state.counters, **self.io_counters}
 
-    @property
-    def isolation(self) -> str:
-        return self.state.isolation
-
-    @isolation.setter
-    def isolation(self, kind: str) -> None:
-        self.state.isolation = kind
-
-    @property
-    def criu(self) -> bool:
-        return self.state.criu
-
-    @criu.setter
-    def criu(self, ok: bool) -> None:
-        self.state.criu = ok
+    def host_facts(self, *, isolation: str, criu: bool) -> None:
+        """What the start-up checks found (they are async: after construction); the
+        load reports carry them."""
+        self.state.isolation = isolation
+        self.state.criu = criu
 
     def _state_held(self, t: m.Task) -> bool:
         return self.migrator is not None and self.migrator.holds_state(t)

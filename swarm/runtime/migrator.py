@@ -355,6 +355,7 @@ class Migrator:
         *,
         clock: Clock,
         criu: criu_rt.CriuStatus | None = None,
+        owner_of: Callable[[m.TaskSpec], tuple[int, int] | None] | None = None,
         log: EventLog = NULL_LOG,
     ) -> None:
         self.coord = coord
@@ -362,8 +363,10 @@ class Migrator:
         self.s = settings
         self.criu = criu or criu_rt.CriuStatus(False, "not detected yet")
         self.log = log
-        # the task's user on this node (uid, gid) for received state; set by the agent
-        self.owner_of: Callable[[m.TaskSpec], tuple[int, int] | None] = lambda spec: None
+        # the task's user on this node (uid, gid) for received state
+        self.owner_of: Callable[[m.TaskSpec], tuple[int, int] | None] = owner_of or (
+            lambda spec: None
+        )
         self.bandwidth = pol.BandwidthEstimator()
         self.pauses = pol.DurationEstimator()
         self.bucket = settings.policy.new_bucket()
@@ -926,6 +929,10 @@ class Migrator:
             return True  # its state is being received or staged here
         t = c.table.active.get(tid)
         return t is not None and t.node == self.node
+
+    def set_criu(self, status: criu_rt.CriuStatus) -> None:
+        """CRIU's start-up check came back (it runs after construction: it is async)."""
+        self.criu = status
 
     def holds_state(self, t: m.Task) -> bool:
         """A queued task whose checkpoint is here must restart here, not be placed or

@@ -23,12 +23,12 @@ from ..policy.shares import ShareLedger
 from . import exechelper
 from . import gpu as gpu_runtime
 from .clock import Clock
-from .driver import Driver
+from .driver import Driver, MoveHooks
 from .gpu import Inventory
 from .isolation import Identities, IsolationError, TaskIsolation
 from .isolation import detect as detect_cgroups
 from .journal import Journal
-from .migrator import MigratorSettings, settings_for
+from .migrator import Migrator, MigratorSettings, settings_for
 from .peers import ClusterNode
 from .runner import LocalRunner
 from .tasks import TaskTable
@@ -212,6 +212,7 @@ def driver(
     clock: Clock,
     log: EventLog,
     admission_hook: Callable[[TaskSpec], str | None] | None = None,
+    moves: Callable[[Driver], MoveHooks] | None = None,
 ) -> Driver:
     """The node's driver and state machine, their options from the config and profile."""
     settings = Settings(
@@ -240,4 +241,23 @@ def driver(
         mps=config.mps,
         rng=rng,
         admission_hook=admission_hook,
+        moves=moves,
     )
+
+
+def migrator_factory(
+    config: Config,
+    clock: Clock,
+    owner_of: Callable[[TaskSpec], tuple[int, int] | None],
+    log: EventLog,
+    made: list[Migrator],
+) -> Callable[[Driver], Migrator]:
+    """What the driver calls to build its migration side (kept in `made` for the agent)."""
+
+    def build(driver: Driver) -> Migrator:
+        made.append(
+            Migrator(driver, migration_settings(config), clock=clock, owner_of=owner_of, log=log)
+        )
+        return made[-1]
+
+    return build
