@@ -18,16 +18,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
-from .. import codec, wire
 from .. import model as m
+from .. import wire
 from ..cluster import handoff as h
 from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpdated, MemberEvent
 from ..logs import EventLog
-from ..node import events as ev
 from ..node import recovery
 from ..node.loadstate import changed_meaningfully
 from ..node.state import NodeState, Settings
@@ -35,15 +34,15 @@ from ..policy import gpu as gpupol
 from ..policy import shares as sh
 from ..policy import transfer as tr
 from .clock import Clock
+from .effects import Effects, MoveHooks
 from .globaltasks import GlobalTaskIO
-from .journal import DelKV, DelTask, Journal, PutKV, PutTask
-from .journal import Event as JEvent
-from .logread import read_log
+from .journal import Journal
 from .net import TransportError
+from .peerreads import PeerReads
 from .peers import ClusterNode, RemoteError
 from .runner import LocalRunner
 from .sampler import Sampler
-from .tasks import TaskTable, UnknownTask
+from .tasks import TaskTable
 from .transfers import TransferIO
 
 S = m.TaskState
@@ -51,19 +50,7 @@ GLOBALS_KEY = recovery.GLOBALS_KEY
 TOMB_TTL = recovery.TOMB_TTL
 
 
-class MoveHooks(Protocol):
-    """What the driver asks of the migration side (runtime/migrator.Migrator), named
-    here so the two modules do not import each other."""
-
-    def holds_state(self, t: m.Task) -> bool: ...
-    def on_started(self, task: m.Task) -> None: ...
-    def on_stopped(self, task: m.Task) -> None: ...
-    def on_ended(self, task: m.Task) -> None: ...
-    def on_left(self, tid: m.TaskId) -> None: ...
-    async def cancel(self, tid: m.TaskId, cause: str) -> None: ...
-
-
-class Driver:
+class Driver(Effects):
     def __init__(
         self,
         *,
@@ -115,6 +102,7 @@ class Driver:
         self.migrator: MoveHooks | None = moves(self) if moves is not None else None
         self.transfers = TransferIO(self, transfer_config, enabled=transfer)
         self.globals_io = GlobalTaskIO(self)
+        self.reads = PeerReads(table, runner)
         self._nursery: trio.Nursery | None = None
         self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
         self._inflight: set[tuple[m.NodeId, h.Request]] = set()
@@ -200,109 +188,6 @@ class Driver:
 
     def _time(self) -> tuple[float, float]:
         return self.clock.now(), self.clock.wall()
-
-    # ------------------------------------------------------------ instructions
-
-    def run_inline(self, instrs: list[ev.Instruction]) -> None:
-        """Carry out what needs no await now, in the caller's turn; from the first
-        instruction that does, the rest goes on in a task of its own, in order."""
-        for n, i in enumerate(instrs):
-            if ev.blocks(i):
-                self._spawn(self.execute, instrs[n:])
-                return
-            self._do(i)
-
-    async def execute(self, instrs: list[ev.Instruction]) -> None:
-        for i in instrs:
-            if ev.blocks(i):
-                await self._do_blocking(i)
-            else:
-                self._do(i)
-
-    async def _do_blocking(self, i: ev.Instruction) -> None:
-        if isinstance(i, ev.Record):
-            self.table.noted(i.task, counted=i.counted)
-            await self.journal.commit([PutTask(i.task)], must_land=True)
-            self.table.wake(i.task.id)
-        elif isinstance(i, ev.Persist):
-            await self.journal.commit(_kv_ops(i.ops), must_land=True)
-        elif isinstance(i, ev.StopRun):
-            if i.reason is None:
-                await self.runner.cancel(i.task_id)
-            else:
-                await self.runner.cancel(i.task_id, reason=i.reason)
-        elif isinstance(i, ev.StopMove) and self.migrator is not None:
-            await self.migrator.cancel(i.task_id, i.cause)
-
-    def _do(self, i: ev.Instruction) -> None:
-        if isinstance(i, ev.Record):
-            self.table.noted(i.task, counted=i.counted)
-            self.journal.enqueue([PutTask(i.task)])
-            self.table.wake(i.task.id)
-        elif isinstance(i, ev.Persist):
-            self.journal.enqueue(_kv_ops(i.ops))
-        elif isinstance(i, ev.Enqueue):
-            if i.front:
-                self.runner.queue.appendleft(i.task_id)
-                self.runner.kick()
-            else:
-                self.runner.enqueue(i.task_id)
-        elif isinstance(i, ev.Requeue):
-            self.runner.queue.appendleft(i.task_id)
-            self.runner.kick()
-        elif isinstance(i, ev.Dequeue):
-            try:
-                self.runner.queue.remove(i.task_id)
-            except ValueError:
-                pass
-        elif isinstance(i, ev.SendHandoff):
-            key = (i.send.dest, i.send.request)
-            if key in self._inflight:
-                # the same question is still on its way: a retry now would only add load
-                self.io_counters["handoff_dedup"] = self.io_counters.get("handoff_dedup", 0) + 1
-                return
-            self._inflight.add(key)
-            self._spawn(self._deliver, i.send)
-        elif isinstance(i, ev.Explain):
-            rec = i.record
-            self.journal.enqueue([JEvent(rec["at"], "decision", i.task_id, self.node, rec)])
-        elif isinstance(i, ev.LoadChanged):
-            self.load_changed()
-        elif isinstance(i, ev.Place):
-            self.place_soon(i.task_id)
-        elif isinstance(i, ev.OfferOutcome):
-            w = self._offer_waiters.pop(i.task_id, None)
-            if w is not None:
-                w[1].append((i.ok, i.reason))
-                w[0].set()
-        elif isinstance(i, ev.MoveHook):
-            self._move_hook(i)
-        elif isinstance(i, ev.Forget):
-            self.journal.enqueue([DelTask(i.task_id)])
-            self.table.wake(i.task_id)
-        elif isinstance(i, ev.WakeAt):
-            if i.at < self._wake_at:
-                self._wake_at = i.at
-                self._wake_kick.set()
-        elif isinstance(i, ev.Log):
-            getattr(self.log, i.level)(i.event, **dict(i.fields))
-        elif isinstance(i, ev.Later):
-            self._spawn(self.execute, list(i.instructions))
-
-    def _move_hook(self, i: ev.MoveHook) -> None:
-        mig = self.migrator
-        if mig is None:
-            return
-        if i.what == "left":
-            mig.on_left(i.task_id)
-        elif i.task is not None:
-            {"started": mig.on_started, "stopped": mig.on_stopped, "ended": mig.on_ended}[i.what](
-                i.task
-            )
-
-    def _spawn(self, fn: Any, *args: Any) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(fn, *args)
 
     # ------------------------------------------------------------------ run
 
@@ -540,59 +425,3 @@ class Driver:
         if self.state.jobs and self._nursery is not None:
             now, wall = self._time()
             self.run_inline(self.state.wake(now, wall))
-
-    # ------------------------------------------------------------ RPC: reads
-
-    async def rpc_task(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
-        """Look up a task record here (for `swarm status` from another agent)."""
-        tid = req.get("id")
-        if not m.valid_task_id(tid):
-            raise wire.SchemaError("task: missing or invalid id")
-        assert isinstance(tid, str)
-        try:
-            t = await self.table.get(tid)
-        except UnknownTask:
-            return {"task": None}
-        return {"task": codec.task_to_wire(t)}
-
-    async def rpc_logs(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> None:
-        """Stream a local task's log to a peer (the task's home proxies it to its client)."""
-        f = wire.Fields(req, "logs rpc", ignore=("v", "op", "from"))
-        tid = f.task_id("id", required=True)
-        which = f.str("stream", "stdout")
-        follow = f.bool("follow", False)
-        offset = f.int("offset", 0, lo=0)
-        f.done()
-        out, err = self.runner.log_paths(tid)
-        path = out if which == "stdout" else err
-
-        async def current() -> m.Task | None:
-            try:
-                return await self.table.get(tid)
-            except UnknownTask:
-                return None
-
-        stream.timeout = math.inf
-        async for part in read_log(path, offset, follow, current, self.table):
-            await stream.send(part, timeout=30.0)
-        return None
-
-    # the transfer side's RPCs (runtime/transfers.py), named for the route table
-    async def rpc_probe(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> Any:
-        return await self.transfers.rpc_probe(req, sender, stream)
-
-    async def rpc_steal(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> Any:
-        return await self.transfers.rpc_steal(req, sender, stream)
-
-    async def push(self, tid: m.TaskId, peer: m.NodeId) -> bool:
-        return await self.transfers.push(tid, peer)
-
-    async def add_global(self, spec: m.TaskSpec) -> None:
-        await self.globals_io.add(spec)
-
-    async def remove_global(self, tid: m.TaskId) -> None:
-        await self.globals_io.remove(tid)
-
-
-def _kv_ops(ops: tuple[ev.Put | ev.Delete, ...]) -> list[PutKV | DelKV]:
-    return [PutKV(o.key, o.value) if isinstance(o, ev.Put) else DelKV(o.key) for o in ops]

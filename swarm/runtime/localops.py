@@ -158,7 +158,7 @@ class LocalOps:
             return {"id": spec.id}
         try:
             if spec.is_global:
-                await self.coord.add_global(spec)
+                await self.coord.globals_io.add(spec)
                 return {"id": spec.id, "global": True}
             # placed (and started, when it runs here) as soon as its record is written,
             # during the journal's fsync; the answer waits for the fsync
@@ -253,7 +253,7 @@ class LocalOps:
     async def cancel_task(self, t: m.Task, cause: str) -> m.Task:
         S = m.TaskState
         if t.spec.is_global:
-            await self.coord.remove_global(t.id)
+            await self.coord.globals_io.remove(t.id)
             with trio.move_on_after(10):
                 while True:
                     local = self.table.get_cached(t.id)

@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 
 def peer_routes(coord: Driver, migrator: Migrator, ops: LocalOps) -> dict[str, RpcHandler]:
     return {
-        # task handoff between a home and its executors (runtime/coordinator.py)
+        # task handoff between a home and its executors (runtime/driver.py)
         "handoff": coord.rpc_handoff,
-        "task": coord.rpc_task,  # a task's record, from its home
-        "logs": coord.rpc_logs,  # a task's log, streamed from where it runs
+        "task": coord.reads.rpc_task,  # a task's record, from its home
+        "logs": coord.reads.rpc_logs,  # a task's log, streamed from where it runs
         # transfer: load probes, and a receiver taking a queued task
-        "probe": coord.rpc_probe,
-        "steal": coord.rpc_steal,
+        "probe": coord.transfers.rpc_probe,
+        "steal": coord.transfers.rpc_steal,
         # migration: decisions, state streams, records (runtime/migrator.py)
         "migrate": migrator.rpc,
         # a client's request forwarded to the task's home (runtime/localops.py)

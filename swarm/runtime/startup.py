@@ -23,7 +23,8 @@ from ..policy.shares import ShareLedger
 from . import exechelper
 from . import gpu as gpu_runtime
 from .clock import Clock
-from .driver import Driver, MoveHooks
+from .driver import Driver
+from .effects import MoveHooks
 from .gpu import Inventory
 from .isolation import Identities, IsolationError, TaskIsolation
 from .isolation import detect as detect_cgroups

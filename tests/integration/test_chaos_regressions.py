@@ -220,7 +220,7 @@ async def test_global_tasks_held_by_a_drained_cluster_start_at_the_undrain(
         await nursery.start(runner.run)
         await nursery.start(coord.run)
         coord.on_event(LoadUpdated(peer, 0.0))
-        await coord.add_global(spec)
+        await coord.globals_io.add(spec)
         await _settle_threads()
         assert table.get_cached(spec.id) is None  # no node has shares: held back
         # a peer undrains: its report says so
@@ -243,7 +243,7 @@ async def test_a_local_undrain_starts_held_global_tasks(
         await nursery.start(table.journal.run)
         await nursery.start(runner.run)
         await nursery.start(coord.run)
-        await coord.add_global(spec)
+        await coord.globals_io.add(spec)
         await _settle_threads()
         assert table.get_cached(spec.id) is None
         ledger.set_shares(1024)

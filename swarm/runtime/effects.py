@@ -1,0 +1,164 @@
+"""Carrying out the node's instructions (swarm/node/events.py), in list order.
+
+The driver's half that touches the world for the state machine: the journal (a
+durable write is awaited before the next instruction), the run queue, the task
+records' waiters, handoff sends (one in flight per question), explain events, the
+migration side's hooks, and the placement machine's deadline. What needs no await
+runs inline in the caller's turn; from the first instruction that does, the rest goes
+on in a task of its own, still in order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from .. import model as m
+from ..cluster import handoff as h
+from ..logs import EventLog
+from ..node import events as ev
+from .journal import DelKV, DelTask, Journal, PutKV, PutTask
+from .journal import Event as JEvent
+from .runner import LocalRunner
+from .tasks import TaskTable
+
+
+class MoveHooks(Protocol):
+    """What the driver asks of the migration side (runtime/migrator.Migrator), named
+    here so the two modules do not import each other."""
+
+    def holds_state(self, t: m.Task) -> bool: ...
+    def on_started(self, task: m.Task) -> None: ...
+    def on_stopped(self, task: m.Task) -> None: ...
+    def on_ended(self, task: m.Task) -> None: ...
+    def on_left(self, tid: m.TaskId) -> None: ...
+    async def cancel(self, tid: m.TaskId, cause: str) -> None: ...
+
+
+class Effects:
+    """The instruction executor of Driver (driver.py), which holds the fields below."""
+
+    node: m.NodeId
+    table: TaskTable
+    journal: Journal
+    runner: LocalRunner
+    log: EventLog
+    migrator: MoveHooks | None
+    io_counters: dict[str, int]
+    _nursery: trio.Nursery | None
+    _inflight: set[tuple[m.NodeId, h.Request]]
+    _offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]]
+    _wake_at: float
+    _wake_kick: trio.Event
+
+    if TYPE_CHECKING:  # provided by Driver
+
+        async def _deliver(self, s: h.Send) -> None: ...
+        def load_changed(self) -> None: ...
+        def place_soon(self, tid: m.TaskId) -> None: ...
+
+    def run_inline(self, instrs: list[ev.Instruction]) -> None:
+        """Carry out what needs no await now, in the caller's turn; from the first
+        instruction that does, the rest goes on in a task of its own, in order."""
+        for n, i in enumerate(instrs):
+            if ev.blocks(i):
+                self._spawn(self.execute, instrs[n:])
+                return
+            self._do(i)
+
+    async def execute(self, instrs: list[ev.Instruction]) -> None:
+        for i in instrs:
+            if ev.blocks(i):
+                await self._do_blocking(i)
+            else:
+                self._do(i)
+
+    async def _do_blocking(self, i: ev.Instruction) -> None:
+        if isinstance(i, ev.Record):
+            self.table.noted(i.task, counted=i.counted)
+            await self.journal.commit([PutTask(i.task)], must_land=True)
+            self.table.wake(i.task.id)
+        elif isinstance(i, ev.Persist):
+            await self.journal.commit(_kv_ops(i.ops), must_land=True)
+        elif isinstance(i, ev.StopRun):
+            if i.reason is None:
+                await self.runner.cancel(i.task_id)
+            else:
+                await self.runner.cancel(i.task_id, reason=i.reason)
+        elif isinstance(i, ev.StopMove) and self.migrator is not None:
+            await self.migrator.cancel(i.task_id, i.cause)
+
+    def _do(self, i: ev.Instruction) -> None:
+        if isinstance(i, ev.Record):
+            self.table.noted(i.task, counted=i.counted)
+            self.journal.enqueue([PutTask(i.task)])
+            self.table.wake(i.task.id)
+        elif isinstance(i, ev.Persist):
+            self.journal.enqueue(_kv_ops(i.ops))
+        elif isinstance(i, ev.Enqueue):
+            if i.front:
+                self.runner.queue.appendleft(i.task_id)
+                self.runner.kick()
+            else:
+                self.runner.enqueue(i.task_id)
+        elif isinstance(i, ev.Requeue):
+            self.runner.queue.appendleft(i.task_id)
+            self.runner.kick()
+        elif isinstance(i, ev.Dequeue):
+            try:
+                self.runner.queue.remove(i.task_id)
+            except ValueError:
+                pass
+        elif isinstance(i, ev.SendHandoff):
+            key = (i.send.dest, i.send.request)
+            if key in self._inflight:
+                # the same question is still on its way: a retry now would only add load
+                self.io_counters["handoff_dedup"] = self.io_counters.get("handoff_dedup", 0) + 1
+                return
+            self._inflight.add(key)
+            self._spawn(self._deliver, i.send)
+        elif isinstance(i, ev.Explain):
+            rec = i.record
+            self.journal.enqueue([JEvent(rec["at"], "decision", i.task_id, self.node, rec)])
+        elif isinstance(i, ev.LoadChanged):
+            self.load_changed()
+        elif isinstance(i, ev.Place):
+            self.place_soon(i.task_id)
+        elif isinstance(i, ev.OfferOutcome):
+            w = self._offer_waiters.pop(i.task_id, None)
+            if w is not None:
+                w[1].append((i.ok, i.reason))
+                w[0].set()
+        elif isinstance(i, ev.MoveHook):
+            self._move_hook(i)
+        elif isinstance(i, ev.Forget):
+            self.journal.enqueue([DelTask(i.task_id)])
+            self.table.wake(i.task_id)
+        elif isinstance(i, ev.WakeAt):
+            if i.at < self._wake_at:
+                self._wake_at = i.at
+                self._wake_kick.set()
+        elif isinstance(i, ev.Log):
+            getattr(self.log, i.level)(i.event, **dict(i.fields))
+        elif isinstance(i, ev.Later):
+            self._spawn(self.execute, list(i.instructions))
+
+    def _move_hook(self, i: ev.MoveHook) -> None:
+        mig = self.migrator
+        if mig is None:
+            return
+        if i.what == "left":
+            mig.on_left(i.task_id)
+        elif i.task is not None:
+            {"started": mig.on_started, "stopped": mig.on_stopped, "ended": mig.on_ended}[i.what](
+                i.task
+            )
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+
+def _kv_ops(ops: tuple[ev.Put | ev.Delete, ...]) -> list[PutKV | DelKV]:
+    return [PutKV(o.key, o.value) if isinstance(o, ev.Put) else DelKV(o.key) for o in ops]
