@@ -148,6 +148,27 @@ class WakeAt:
 
 
 @attrs.frozen
+class Sample:
+    """Measure the host now and feed it back (`Sampled`); publish the report if it
+    changed meaningfully."""
+
+
+@attrs.frozen
+class PublishLoad:
+    """Publish this node's load report now."""
+
+
+@attrs.frozen
+class TransferRound:
+    """Run one round of work transfer (policy/transfer.py decides it)."""
+
+
+@attrs.frozen
+class SyncGlobals:
+    """Start the global tasks that should run here, stop the others."""
+
+
+@attrs.frozen
 class Later:
     """Carry these out in a task of their own (the caller must not wait on them)."""
 
@@ -171,6 +192,10 @@ Instruction = (
     | Log
     | Explain
     | WakeAt
+    | Sample
+    | PublishLoad
+    | TransferRound
+    | SyncGlobals
     | Later
 )
 
@@ -252,6 +277,14 @@ class PlaceTask(Stimulus):
 @attrs.frozen
 class Sampled(Stimulus):
     sample: Any  # policy.load.HostSample
+
+
+@attrs.frozen
+class PeerReport(Stimulus):
+    """A peer's load report, received by gossip at trio time `at`."""
+
+    report: m.LoadReport
+    at: float
 
 
 Event = (

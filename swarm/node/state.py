@@ -34,6 +34,7 @@ from .location import Location
 from .placing import Job, Placing
 from .records import TaskRecords
 from .recovery import Handoffs
+from .timers import Timers
 
 S = m.TaskState
 
@@ -51,10 +52,12 @@ class Settings:
     gpu_policy: str = "binpack"
     psi_target: float = 50.0
     slots: int = 1
+    report_interval: float = 1.0
+    transfer_interval: float | None = None  # None: no work transfer
     breaks: frozenset[str] = frozenset()  # TEST-ONLY chaos switches (testbreak.py)
 
 
-class NodeState(Location, LoadState, Placing):
+class NodeState(Location, LoadState, Placing, Timers):
     def __init__(
         self,
         node: m.NodeId,
@@ -87,6 +90,9 @@ class NodeState(Location, LoadState, Placing):
         self.d = settings.placement_d
         self.placement_rule = settings.placement_rule
         self.slots = settings.slots
+        self.report_interval = settings.report_interval
+        self.transfer_interval = settings.transfer_interval
+        self.due: dict[str, float] = {}  # next run of each periodic mechanism (timers.py)
         # why a task may not run on this node at all (its user does not exist here,
         # root tasks are off): the runtime knows the host's users
         self.admission_hook = admission_hook
@@ -137,7 +143,9 @@ class NodeState(Location, LoadState, Placing):
             elif isinstance(s, ev.HandoffTick):
                 out += self.tick(s.now, s.wall)
             elif isinstance(s, ev.Wake):
-                out += self.wake(s.now, s.wall)
+                out += self.wake_all(s.now, s.wall)
+            elif isinstance(s, ev.PeerReport):
+                out += self.on_peer_report(s.report, s.at, s.now, s.wall)
             elif isinstance(s, ev.PlaceTask):
                 out += self.place(s.task_id, s.now, s.wall)
             elif isinstance(s, ev.Sampled):

@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 
 from .. import model as m
@@ -84,6 +85,13 @@ class Driver(Effects):
         self.rpc_timeout = rpc_timeout
         self.mps = mps
         self.sampler = Sampler()
+        transfer_config = transfer_config or tr.TransferConfig()
+        on = transfer and cluster is not None
+        settings = attrs.evolve(
+            settings,
+            report_interval=report_interval,
+            transfer_interval=transfer_config.round_interval if on else None,
+        )
         self.state = NodeState(
             node,
             ledger=ledger,
@@ -206,12 +214,9 @@ class Driver(Effects):
             if self.cluster is not None:
                 self.cluster.on_event = self.on_event
                 # its peer routes are in runtime/routes.py, installed by the agent
-            nursery.start_soon(self._report_loop)
-            nursery.start_soon(self._handoff_tick_loop)
-            nursery.start_soon(self._wake_loop)
-            if self.cluster is not None and self.transfers.enabled:
-                nursery.start_soon(self.transfers.loop)
             nursery.start_soon(self.globals_io.loop)
+            self.run_inline(self.state.start_timers(self.clock.now()))
+            nursery.start_soon(self._wake_loop)
             # resume what the journal says was in flight
             for tid in recovery.interrupted_offers(self.table.active, self.state.handoffs):
                 self.table.change(tid, S.QUEUED, "offer interrupted by restart", node=self.node)
@@ -223,7 +228,8 @@ class Driver(Effects):
             await trio.sleep_forever()
 
     async def _wake_loop(self) -> None:
-        """The one deadline of the placement machine's timers (WakeAt)."""
+        """The node's one deadline loop: handoff retries, reports, transfer rounds,
+        global-task syncs and placement back-offs all come due here (node/timers.py)."""
         while True:
             with trio.move_on_at(self._wake_at):
                 await self._wake_kick.wait()
@@ -231,7 +237,7 @@ class Driver(Effects):
             now, wall = self._time()
             if now >= self._wake_at:
                 self._wake_at = math.inf
-                self.run_inline(self.state.wake(now, wall))
+                self.run_inline(self.state.wake_all(now, wall))
 
     # ---------------------------------------------------------- local state
 
@@ -241,18 +247,17 @@ class Driver(Effects):
     def queue_view(self) -> list[tr.QueuedTask]:
         return self.state.queue_view(self.clock.now())
 
-    async def _report_loop(self) -> None:
-        while True:
-            # the one place the agent's wall clock follows the system's (an NTP step)
-            moved = self.clock.resync()
-            if abs(moved) >= 1.0:
-                self.log.warning("clock.stepped", seconds=round(moved, 3))
-            self.state.on_sample(self.sampler.sample(), self.clock.now())
-            report = self.local_report()
-            if self._last_published is None or changed_meaningfully(self._last_published, report):
-                self.publish_load(report)
-            # else: the membership core re-gossips the last report on its own refresh timer
-            await trio.sleep(self.report_interval)
+    def sample_now(self) -> None:
+        """Measure the host, let the state follow, publish if the report changed."""
+        # the one place the agent's wall clock follows the system's (an NTP step)
+        moved = self.clock.resync()
+        if abs(moved) >= 1.0:
+            self.log.warning("clock.stepped", seconds=round(moved, 3))
+        self.state.on_sample(self.sampler.sample(), self.clock.now())
+        report = self.local_report()
+        if self._last_published is None or changed_meaningfully(self._last_published, report):
+            self.publish_load(report)
+        # else: the membership core re-gossips the last report on its own refresh timer
 
     def publish_load(self, report: m.LoadReport | None = None) -> None:
         if self.cluster is not None:
@@ -264,8 +269,7 @@ class Driver(Effects):
     def shares_changed(self) -> None:
         """This node's shares changed (drain, undrain, `swarm shares`): publish, and let
         global tasks that a cluster without shares held back start now, not at the timer."""
-        self.publish_load()
-        self.globals_io.kick()
+        self.run_inline(self.state.shares_changed())
 
     def load_changed(self) -> None:
         """Our queue changed: publish soon (rate-limited), so peers' views stay fresh."""
@@ -342,13 +346,6 @@ class Driver(Effects):
         now, wall = self._time()
         await self.execute(self.state.on_reply(s.dest, req, reply, now, wall))
 
-    async def _handoff_tick_loop(self) -> None:
-        while True:
-            # retries are due only while something is in flight: idle nodes wake rarely
-            await trio.sleep(0.2 if self.state.handoff_busy() else 1.0)
-            now, wall = self._time()
-            await self.execute(self.state.tick(now, wall))
-
     async def rpc_handoff(
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
     ) -> dict[str, Any]:
@@ -397,12 +394,11 @@ class Driver(Effects):
 
     def on_event(self, e: Event) -> None:
         if isinstance(e, LoadUpdated):
-            if e.report.node != self.node:
-                prev = self.state.view.get(e.report.node)
+            if e.report.node != self.node and self._nursery is not None:
+                now, wall = self._time()
+                self.run_inline(self.state.on_peer_report(e.report, e.at, now, wall))
+            elif e.report.node != self.node:
                 self.state.view.upsert(e.report, e.at)
-                if e.report.shares > 0 and prev is not None and prev.report.shares <= 0:
-                    self.globals_io.kick()  # a peer undrained: held global tasks may start
-                self._wake_jobs()
         elif isinstance(e, MemberEvent):
             node = e.member.node
             if node == self.node:

@@ -18,10 +18,12 @@ from .. import model as m
 from ..cluster import handoff as h
 from ..logs import EventLog
 from ..node import events as ev
+from .globaltasks import GlobalTaskIO
 from .journal import DelKV, DelTask, Journal, PutKV, PutTask
 from .journal import Event as JEvent
 from .runner import LocalRunner
 from .tasks import TaskTable
+from .transfers import TransferIO
 
 
 class MoveHooks(Protocol):
@@ -51,10 +53,14 @@ class Effects:
     _offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]]
     _wake_at: float
     _wake_kick: trio.Event
+    transfers: TransferIO
+    globals_io: GlobalTaskIO
 
     if TYPE_CHECKING:  # provided by Driver
 
         async def _deliver(self, s: h.Send) -> None: ...
+        def sample_now(self) -> None: ...
+        def publish_load(self, report: m.LoadReport | None = None) -> None: ...
         def load_changed(self) -> None: ...
         def place_soon(self, tid: m.TaskId) -> None: ...
 
@@ -141,6 +147,14 @@ class Effects:
                 self._wake_kick.set()
         elif isinstance(i, ev.Log):
             getattr(self.log, i.level)(i.event, **dict(i.fields))
+        elif isinstance(i, ev.Sample):
+            self.sample_now()
+        elif isinstance(i, ev.PublishLoad):
+            self.publish_load()
+        elif isinstance(i, ev.TransferRound):
+            self.transfers.round()
+        elif isinstance(i, ev.SyncGlobals):
+            self.globals_io.kick()
         elif isinstance(i, ev.Later):
             self._spawn(self.execute, list(i.instructions))
 

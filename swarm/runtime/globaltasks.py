@@ -93,9 +93,9 @@ class GlobalTaskIO:
         if d.cluster is not None:
             d.cluster.set_app_state({GLOBALS_KEY: d.state.globals.to_wire()})
         while True:
-            # gossip and local changes kick this; the timer catches joins of the view
-            with trio.move_on_after(10.0 if d.state.globals.members else 30.0):
-                await self._kick.wait()
+            # gossip, local changes and the node's timer (node/timers.py) kick this;
+            # one sync at a time
+            await self._kick.wait()
             self._kick = trio.Event()
             await self.sync()
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import trio
-
 from .. import model as m
 from .. import wire
 from ..cluster import handoff as h
@@ -50,17 +48,16 @@ class TransferIO:
         self.policy = tr.TransferPolicy(driver.node, config)
         self.enabled = enabled
 
-    async def loop(self) -> None:
+    def round(self) -> None:
+        """One transfer round (the node's timers say when): what to probe, push, steal."""
         d = self.driver
-        while True:
-            await trio.sleep(self.policy.cfg.round_interval)
-            if d.cluster is None:
-                continue
-            actions = self.policy.step(
-                d.clock.now(), d.local_report(), d.queue_view(), d.state.view, d.state.rng
-            )
-            for a in actions:
-                d._spawn(self.action, a)
+        if d.cluster is None:
+            return
+        actions = self.policy.step(
+            d.clock.now(), d.local_report(), d.queue_view(), d.state.view, d.state.rng
+        )
+        for a in actions:
+            d._spawn(self.action, a)
 
     async def action(self, a: tr.Action) -> None:
         d = self.driver

@@ -1,0 +1,91 @@
+"""The node's periodic work on one deadline (pure): handoff retries, load sampling and
+reports, transfer rounds, global-task syncs, placement back-offs.
+
+Each mechanism has its next due time here; a `Wake` stimulus at `now` runs what is due
+and ends with one `WakeAt` for the earliest next deadline, so the runtime keeps a
+single deadline loop instead of one sleeping loop per mechanism.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import model as m
+from ..policy import shares as sh
+from ..policy.view import LoadView
+from . import events as ev
+
+HANDOFF_BUSY = 0.2  # retries are due only while something is in flight:
+HANDOFF_IDLE = 1.0  # idle nodes wake rarely
+GLOBALS_SOME = 10.0  # the timer that catches joins of the view (gossip kicks sooner)
+GLOBALS_NONE = 30.0
+
+
+class Timers:
+    """The timers of NodeState (state.py), which holds the fields below."""
+
+    due: dict[str, float]
+    report_interval: float
+    transfer_interval: float | None
+    globals: sh.GlobalTasks
+    view: LoadView
+    jobs: dict[m.TaskId, Any]
+
+    if TYPE_CHECKING:  # provided by the other parts of NodeState
+
+        def tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
+        def handoff_busy(self) -> bool: ...
+        def step(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]: ...
+
+    def start_timers(self, now: float) -> list[ev.Instruction]:
+        """When the runtime starts: a report at once, the rest after their period."""
+        self.due = {
+            "report": now,
+            "handoff": now + (HANDOFF_BUSY if self.handoff_busy() else HANDOFF_IDLE),
+            "globals": now + (GLOBALS_SOME if self.globals.members else GLOBALS_NONE),
+        }
+        if self.transfer_interval is not None:
+            self.due["transfer"] = now + self.transfer_interval
+        return [ev.WakeAt(min(self.due.values()))]
+
+    def wake_all(self, now: float, wall: float) -> list[ev.Instruction]:
+        """Run what is due at `now`; end with the next deadline."""
+        out: list[ev.Instruction] = []
+        due = self.due
+        if due and now >= due["handoff"]:
+            out += self.tick(now, wall)
+            due["handoff"] = now + (HANDOFF_BUSY if self.handoff_busy() else HANDOFF_IDLE)
+        if due and now >= due["report"]:
+            out.append(ev.Sample())
+            due["report"] = now + self.report_interval
+        if "transfer" in due and now >= due["transfer"] and self.transfer_interval is not None:
+            out.append(ev.TransferRound())
+            due["transfer"] = now + self.transfer_interval
+        if due and now >= due["globals"]:
+            out.append(ev.SyncGlobals())
+            due["globals"] = now + (GLOBALS_SOME if self.globals.members else GLOBALS_NONE)
+        for tid in list(self.jobs):
+            out += self.step(tid, now, wall)
+        if due:
+            out.append(ev.WakeAt(min(due.values())))
+        return out
+
+    def on_peer_report(
+        self, report: m.LoadReport, at: float, now: float, wall: float
+    ) -> list[ev.Instruction]:
+        """A peer's load report came by gossip: the view takes it; a peer that
+        undrained lets held global tasks start now (not at the timer: commit 2abae3e);
+        placements waiting on a back-off look again."""
+        prev = self.view.get(report.node)
+        self.view.upsert(report, at)
+        out: list[ev.Instruction] = []
+        if report.shares > 0 and prev is not None and prev.report.shares <= 0:
+            out.append(ev.SyncGlobals())
+        for tid in list(self.jobs):
+            out += self.step(tid, now, wall)
+        return out
+
+    def shares_changed(self) -> list[ev.Instruction]:
+        """This node's shares changed (drain, undrain, `swarm shares`): publish, and let
+        global tasks that a cluster without shares held back start now."""
+        return [ev.PublishLoad(), ev.SyncGlobals()]
