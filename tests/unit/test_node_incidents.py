@@ -197,3 +197,27 @@ def test_tombstones_expire_by_wall_time_and_their_keys_go() -> None:
     assert "tomb:k2" in b.kv
     b.run(b.state.tick(3.0, 100.0 + recovery.TOMB_TTL + 1))
     assert "tomb:k2" not in b.kv and "k2" not in b.state.guest.tombstones
+
+
+def test_83733a0_a_stop_for_a_dispatched_task_is_a_stop_not_a_dequeue() -> None:
+    """A cancel (or a revoke that kills) arriving after the gate let a task through,
+    before its process existed, must become a stop of the run: it found no process and
+    the task ran on. The state's side of it: once dispatched, a task is in `running`,
+    and a kill or a killing drop asks the runtime to stop it (the runtime's side, the
+    spawn window, is tests/integration/test_executor_races.py)."""
+    a, b = FakeNode("A"), FakeNode("B")
+    net = FakeNet(a, b)
+    a.submit(_spec("s1"))
+    _offer(net, a, "s1", "B")
+    net.settle()
+    assert b.try_start("s1") is None  # dispatched: running, process not yet there
+    out = b.state.on_kill("s1", 1.0, 1.0)
+    assert out == [ev.StopRun("s1")]
+    out = b.state.on_drop(h.Drop("s1", kill=True, reason="revoked"))
+    assert out == [ev.StopRun("s1", "revoked")]
+    # still queued (not dispatched): a kill cancels it in the queue, durably
+    a.submit(_spec("s2"))
+    a.run_here("s2")
+    out = a.state.on_kill("s2", 1.0, 1.0)
+    assert ev.Dequeue("s2") in out
+    assert a.state.records.finished["s2"].state is S.CANCELLED
