@@ -47,11 +47,14 @@ for their size.
 
 Files are private: the database is created 0600 (sqlite gives its WAL and shared-memory
 files the database's mode) and an existing one is tightened to 0600 at open.
+
+This module is the writer and the readers; the database side (tables, the
+operations and their SQL, record encoding, file modes, WAL sizing) is
+`journaldb.py`, and its names are importable from here too.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sqlite3
@@ -63,113 +66,72 @@ from typing import Any
 import attrs
 import trio
 
-from .. import codec, wire
 from .. import model as m
+from .. import wire
 from ..logs import NULL_LOG, EventLog
 from .clock import Clock
+from .journaldb import (
+    FILE_MODE,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SQLITE_FULL,
+    WAL_DISK_SHARE,
+    WAL_MAX_PAGES,
+    WAL_MIN_PAGES,
+    DelKV,
+    DelProc,
+    DelTask,
+    Event,
+    ForgetFinished,
+    JournalError,
+    Op,
+    PutKV,
+    PutProc,
+    PutTask,
+    Recovered,
+    apply_op,
+    connect,
+    decode_task,
+    describe_error,
+    disk_full,
+    fsync_dir,
+    integrity_check,
+    private_files,
+    retry_key,
+    wal_pages,
+)
 
-SCHEMA_VERSION = 1
+__all__ = [
+    "FILE_MODE",
+    "INLINE_OPS",
+    "PROBE_INTERVAL",
+    "RETRY_INTERVAL",
+    "SCHEMA_VERSION",
+    "SQLITE_FULL",
+    "WAL_DISK_SHARE",
+    "WAL_MAX_PAGES",
+    "WAL_MIN_PAGES",
+    "DelKV",
+    "DelProc",
+    "DelTask",
+    "Event",
+    "ForgetFinished",
+    "Journal",
+    "JournalError",
+    "Op",
+    "PutKV",
+    "PutProc",
+    "PutTask",
+    "Recovered",
+    "Wedged",
+    "describe_error",
+    "integrity_check",
+    "wal_pages",
+]
+
 INLINE_OPS = 8  # a batch this small may be written on the loop when it is idle
-WAL_MAX_PAGES = 1000  # sqlite's own autocheckpoint: what any real disk keeps
-WAL_MIN_PAGES = 32
-WAL_DISK_SHARE = 8  # the WAL may take at most 1/8 of the state filesystem
-FILE_MODE = 0o600  # the journal's files: task argv, env and results are private
 RETRY_INTERVAL = 1.0  # seconds between retries of failed must-land writes
 PROBE_INTERVAL = 5.0  # seconds between probes of a wedged journal with nothing to retry
-SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode (primary code) of "disk is full"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS tasks(
-    id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,
-    terminal INTEGER NOT NULL,
-    updated REAL NOT NULL,
-    record BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tasks_terminal ON tasks(terminal, updated);
-CREATE TABLE IF NOT EXISTS events(
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    kind TEXT NOT NULL,
-    task_id TEXT,
-    node TEXT,
-    data TEXT
-);
-CREATE INDEX IF NOT EXISTS events_task ON events(task_id);
-CREATE TABLE IF NOT EXISTS kv(key TEXT PRIMARY KEY, value BLOB);
-CREATE TABLE IF NOT EXISTS procs(
-    task_id TEXT PRIMARY KEY, pid INTEGER NOT NULL, create_time REAL NOT NULL
-);
-"""
-
-
-class JournalError(Exception):
-    """The journal could not persist a write (disk full, I/O error, corruption)."""
-
-
-# ------------------------------------------------------------------ operations
-
-
-@attrs.frozen
-class PutTask:
-    """Upsert a task's full record, and log its newest transition as an event."""
-
-    task: m.Task
-
-
-@attrs.frozen
-class DelTask:
-    """Forget a task record (a guest that moved on before it ever ran here)."""
-
-    task_id: m.TaskId
-
-
-@attrs.frozen
-class ForgetFinished:
-    """Delete a finished task's record and its events (retention). A task that is not
-    finished (terminal) is left alone, whatever the caller thought."""
-
-    task_id: m.TaskId
-
-
-@attrs.frozen
-class PutKV:
-    key: str
-    value: Any  # msgpack-able
-
-
-@attrs.frozen
-class DelKV:
-    key: str
-
-
-@attrs.frozen
-class PutProc:
-    """A process started for a task: lets a restarted agent find and kill orphans."""
-
-    task_id: m.TaskId
-    pid: int
-    create_time: float
-
-
-@attrs.frozen
-class DelProc:
-    task_id: m.TaskId
-
-
-@attrs.frozen
-class Event:
-    """An append-only fact for audits (drain changes, handoffs, migrations...)."""
-
-    at: float
-    kind: str
-    task_id: str | None = None
-    node: str = ""
-    data: Any = None
-
-
-Op = PutTask | DelTask | ForgetFinished | PutKV | DelKV | PutProc | DelProc | Event
 
 
 @attrs.define
@@ -179,66 +141,6 @@ class _Pending:
     error: BaseException | None = None
     must_land: bool = False  # keep retrying on failure instead of failing the writer
     on_written: Callable[[], None] | None = None  # called once written, before the fsync
-
-
-@attrs.frozen
-class Recovered:
-    """What a starting agent reads back."""
-
-    active: list[m.Task]  # every non-terminal task
-    kv: dict[str, Any]
-    procs: dict[m.TaskId, tuple[int, float]]
-
-
-def _connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute("PRAGMA foreign_keys=ON")
-    return conn
-
-
-def _record(task: m.Task) -> bytes:
-    return wire.pack(codec.task_to_wire(task))
-
-
-def _task(blob: bytes) -> m.Task:
-    return wire.decode_with(codec.task_from_wire, wire.unpack(blob))
-
-
-def _private_files(path: Path) -> None:
-    """Create the database file 0600 when missing, and tighten an existing database
-    and its WAL and shared-memory files (made by an older agent) to 0600. sqlite
-    creates the WAL and shared-memory files with the database's mode."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
-    try:
-        if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
-            os.fchmod(fd, FILE_MODE)
-    finally:
-        os.close(fd)
-    for suffix in ("-wal", "-shm"):
-        try:
-            fd = os.open(f"{path}{suffix}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            continue
-        try:
-            if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
-                os.fchmod(fd, FILE_MODE)
-        finally:
-            os.close(fd)
-
-
-def wal_pages(fs_bytes: int, page_size: int) -> int:
-    """Pages the WAL may grow to before a checkpoint (and is cut back to after one)
-    on a filesystem of `fs_bytes`: 1/WAL_DISK_SHARE of it, within
-    [WAL_MIN_PAGES, WAL_MAX_PAGES]."""
-    return max(WAL_MIN_PAGES, min(WAL_MAX_PAGES, fs_bytes // WAL_DISK_SHARE // page_size))
-
-
-def _disk_full(e: BaseException) -> bool:
-    if isinstance(e, sqlite3.Error):
-        return (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF == SQLITE_FULL
-    return isinstance(e, OSError) and e.errno == errno.ENOSPC
 
 
 @attrs.frozen
@@ -265,18 +167,18 @@ class Journal:
         self.clock = clock or Clock.system()
         self.log = log
         self.node = node
-        _private_files(path)
+        private_files(path)
         # the writer's commits are synced by _sync_wal (see the module docstring)
-        self._wconn = _connect(path, "NORMAL")
+        self._wconn = connect(path, "NORMAL")
         page = int(self._wconn.execute("PRAGMA page_size").fetchone()[0])
         st = os.statvfs(path.parent)
         self.wal_pages = wal_pages(st.f_blocks * st.f_frsize, page)
         self._wconn.execute(f"PRAGMA wal_autocheckpoint={self.wal_pages}")
         self._wconn.execute(f"PRAGMA journal_size_limit={self.wal_pages * page}")
-        self._rconn = _connect(path)
+        self._rconn = connect(path)
         self._wal_path = Path(f"{path}-wal")
         self._wal_fd: int | None = None
-        self._wconn.executescript(_SCHEMA)
+        self._wconn.executescript(SCHEMA)
         row = self._wconn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None:
             self._wconn.execute(
@@ -298,7 +200,7 @@ class Journal:
         self.wedged: Wedged | None = None  # set while writes fail, cleared by one landing
         self.full_checkpoints = 0  # wal_checkpoint(TRUNCATE) runs after SQLITE_FULL
         self._sync_wal()
-        _fsync_dir(path.parent)  # the journal's files, when this call created them
+        fsync_dir(path.parent)  # the journal's files, when this call created them
 
     # -------------------------------------------------------------- start-up
 
@@ -307,7 +209,7 @@ class Journal:
         active: list[m.Task] = []
         for (blob,) in self._rconn.execute("SELECT record FROM tasks WHERE terminal=0"):
             try:
-                active.append(_task(blob))
+                active.append(decode_task(blob))
             except wire.WireError as e:
                 self.log.error("journal.bad_record", error=str(e))
         kv: dict[str, Any] = {}
@@ -398,12 +300,12 @@ class Journal:
         err = await self._attempt(ops, batch)
         if err is None:
             for op in ops:
-                self._retry.pop(_retry_key(op), None)
+                self._retry.pop(retry_key(op), None)
         for p in batch:
             if err is not None:
                 if p.must_land:
                     for op in p.ops:
-                        self._retry[_retry_key(op)] = op
+                        self._retry[retry_key(op)] = op
                 else:
                     p.error = err
             p.done.set()
@@ -418,7 +320,7 @@ class Journal:
             except sqlite3.Error as e:
                 # A full disk: the WAL may hold most of the space. Once its pages are in
                 # the database, a TRUNCATE checkpoint gives that space back; try again.
-                if attempt.written or not _disk_full(e) or not await self._checkpoint_truncate():
+                if attempt.written or not disk_full(e) or not await self._checkpoint_truncate():
                     raise
                 await self._write(ops, batch, attempt)
         except (sqlite3.Error, OSError) as e:
@@ -462,7 +364,7 @@ class Journal:
             self._written(batch)
 
     def _wedge(self, e: BaseException) -> None:
-        why, full = describe_error(e, self.path), _disk_full(e)
+        why, full = describe_error(e, self.path), disk_full(e)
         w = self.wedged
         if w is None:
             self.wedged = Wedged(why, self.clock.wall(), disk_full=full)
@@ -516,7 +418,7 @@ class Journal:
         c.execute("BEGIN IMMEDIATE")
         try:
             for op in ops:
-                self._apply(c, op)
+                apply_op(c, op, self.node)
             if not ops:
                 # any changing value does; this may run in a worker thread, where
                 # trio's clock (the agent's Clock) cannot be read: the system clock
@@ -532,78 +434,12 @@ class Journal:
                 pass
             raise
 
-    def _apply(self, c: sqlite3.Connection, op: Op) -> None:
-        if isinstance(op, PutTask):
-            t = op.task
-            c.execute(
-                "INSERT INTO tasks(id, state, terminal, updated, record) VALUES(?,?,?,?,?) "
-                "ON CONFLICT(id) DO UPDATE SET state=excluded.state, terminal=excluded.terminal, "
-                "updated=excluded.updated, record=excluded.record",
-                (
-                    t.id,
-                    t.state.value,
-                    int(t.state.terminal),
-                    t.history[-1].at if t.history else 0.0,
-                    _record(t),
-                ),
-            )
-            if t.history:
-                tr = t.history[-1]
-                c.execute(
-                    "INSERT INTO events(at, kind, task_id, node, data) VALUES(?,?,?,?,?)",
-                    (
-                        tr.at,
-                        "transition",
-                        t.id,
-                        tr.node,
-                        json.dumps(
-                            {
-                                "src": tr.src.value if tr.src else None,
-                                "dst": tr.dst.value,
-                                "cause": tr.cause,
-                            }
-                        ),
-                    ),
-                )
-        elif isinstance(op, DelTask):
-            c.execute("DELETE FROM tasks WHERE id=?", (op.task_id,))
-        elif isinstance(op, ForgetFinished):
-            gone = c.execute("DELETE FROM tasks WHERE id=? AND terminal=1", (op.task_id,))
-            if gone.rowcount:
-                c.execute("DELETE FROM events WHERE task_id=?", (op.task_id,))
-        elif isinstance(op, PutKV):
-            c.execute(
-                "INSERT INTO kv(key, value) VALUES(?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                (op.key, wire.pack(op.value)),
-            )
-        elif isinstance(op, DelKV):
-            c.execute("DELETE FROM kv WHERE key=?", (op.key,))
-        elif isinstance(op, PutProc):
-            c.execute(
-                "INSERT OR REPLACE INTO procs(task_id, pid, create_time) VALUES(?,?,?)",
-                (op.task_id, op.pid, op.create_time),
-            )
-        elif isinstance(op, DelProc):
-            c.execute("DELETE FROM procs WHERE task_id=?", (op.task_id,))
-        elif isinstance(op, Event):
-            c.execute(
-                "INSERT INTO events(at, kind, task_id, node, data) VALUES(?,?,?,?,?)",
-                (
-                    op.at,
-                    op.kind,
-                    op.task_id,
-                    op.node or self.node,
-                    json.dumps(op.data, default=str),
-                ),
-            )
-
     # --------------------------------------------------------------- reading
 
     async def get_task(self, task_id: m.TaskId) -> m.Task | None:
         def read() -> m.Task | None:
             row = self._rconn.execute("SELECT record FROM tasks WHERE id=?", (task_id,)).fetchone()
-            return None if row is None else _task(row[0])
+            return None if row is None else decode_task(row[0])
 
         return await trio.to_thread.run_sync(read, limiter=self._rlimit)
 
@@ -643,7 +479,7 @@ class Journal:
             rows = self._rconn.execute(
                 "SELECT record FROM tasks WHERE terminal=1 ORDER BY updated DESC LIMIT ?", (limit,)
             ).fetchall()
-            return [_task(r[0]) for r in rows]
+            return [decode_task(r[0]) for r in rows]
 
         return await trio.to_thread.run_sync(read, limiter=self._rlimit)
 
@@ -656,37 +492,3 @@ class Journal:
         if self._wal_fd is not None:
             os.close(self._wal_fd)
             self._wal_fd = None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def describe_error(e: BaseException, path: Path) -> str:
-    """One line for a failed journal write; a full disk names where space is needed."""
-    if _disk_full(e):
-        return f"no space left for the journal in {path.parent} ({e})"
-    return str(e)
-
-
-def _retry_key(op: Op) -> str:
-    if isinstance(op, (PutTask, DelTask, ForgetFinished)):
-        return "task:" + (op.task.id if isinstance(op, PutTask) else op.task_id)
-    if isinstance(op, (PutKV, DelKV)):
-        return "kv:" + op.key
-    if isinstance(op, (PutProc, DelProc)):
-        return "proc:" + op.task_id
-    return f"event:{id(op)}"
-
-
-def integrity_check(path: Path) -> str:
-    """`PRAGMA integrity_check` on a journal file; 'ok' when healthy."""
-    conn = sqlite3.connect(path)
-    try:
-        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
-    finally:
-        conn.close()

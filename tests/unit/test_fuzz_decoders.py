@@ -29,7 +29,7 @@ from swarm import codec, crypto, request_checks, wire
 from swarm import model as m
 from swarm.cluster import messages as msgs
 from swarm.runtime import journal as jr
-from swarm.runtime import net
+from swarm.runtime import journaldb, net
 from swarm.runtime.api import ApiServer, Ops, PeerCred
 
 # SWARM_FUZZ_EXAMPLES=5000 for a longer hunt; the default keeps the file near 30 s
@@ -429,13 +429,13 @@ def test_socket_mutated_requests(obj: Any) -> None:
 @FUZZ
 @given(st.binary(max_size=300))
 def test_journal_record_any_bytes(blob: bytes) -> None:
-    only_typed(lambda: jr._task(blob))
+    only_typed(lambda: journaldb.decode_task(blob))
 
 
 @FUZZ
 @given(mutated(codec.task_to_wire(TASK)))
 def test_journal_record_mutated(obj: Any) -> None:
-    only_typed(lambda: jr._task(_pack(obj)))
+    only_typed(lambda: journaldb.decode_task(_pack(obj)))
 
 
 _sql_values = (
@@ -474,7 +474,7 @@ def test_journal_recover_skips_any_stored_row() -> None:
             raw.execute("DELETE FROM tasks")
             raw.execute(
                 "INSERT INTO tasks(id, state, terminal, updated, record) VALUES (?,?,?,?,?)",
-                (TASK.id, "queued", 0, 1.0, jr._record(TASK)),
+                (TASK.id, "queued", 0, 1.0, journaldb.encode_task(TASK)),
             )
             assert [t.id for t in j.recover().active] == [TASK.id]
         finally:
