@@ -1,8 +1,9 @@
 """Balls into bins through swarm's placement: m unit tasks thrown one at a time.
 
-Each ball is placed by `policy.placement.place` from a submitter that runs nothing
-(its drained local report is never a candidate), so exactly d bins are sampled and
-the least loaded of them takes the ball; d = 1 is uniform random. The view is fresh
+Each ball is placed by the agent's two-choice rule (`node.decide.choose`, i.e.
+`policy.placement.place`) from a submitter that runs nothing (its drained local
+report is never a candidate), so exactly d bins are sampled and the least loaded of
+them takes the ball; d = 1 is uniform random. The view is fresh
 (updated after every ball), as in the classical analysis: with m = n the maximum load
 is about ln n / ln ln n for d = 1 and ln ln n / ln d + O(1) for d >= 2 (Azar, Broder,
 Karlin, Upfal 1994; Mitzenmacher 2001).
@@ -16,7 +17,7 @@ import random
 import attrs
 
 from swarm.model import LoadReport, TaskSpec
-from swarm.policy.placement import place
+from swarm.node.decide import TWO_CHOICE, choose
 from swarm.policy.view import LoadView, PeerEntry
 
 _FRONT = LoadReport("frontend", 1, shares=0)
@@ -43,7 +44,7 @@ def throw(n: int, m: int, d: int, rng: random.Random) -> BallsResult:
         view.put(nid, PeerEntry(LoadReport(nid, 1), 0.0))
     spec = TaskSpec(id="ball", argv=())
     for _ in range(m):
-        target = place(spec, _FRONT, view, rng, 0.0, d=d).target
+        target = choose(TWO_CHOICE, d, spec, _FRONT, view, rng, 0.0).target
         assert target is not None  # no filters apply: every bin is eligible
         k = counts[target] + 1
         counts[target] = k

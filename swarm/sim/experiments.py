@@ -1260,12 +1260,14 @@ seed 1. Each experiment can be rerun alone: `swarm sim NAME [--nodes N] [--seed 
 [--tasks M] [--out DIR]` writes NAME.csv, NAME.png and NAME.md.
 
 The simulator (`swarm/sim/`) is a deterministic discrete-event engine. Its decisions
-are swarm's own policy code, called exactly as the agent calls it:
-`policy.placement.place` and `admit`, `ShareLedger`, `TransferPolicy` (probes,
-replies, pushes and steals are delayed messages), `policy.migration.plan_migrations`,
-`policy.load` (Flex) and `policy.gpu.GpuAllocator`. Only the yardsticks that swarm
-must never use (least-loaded of a stale view, omniscient join-shortest-queue) and the
-request-based baselines of the Flex experiment are computed by the simulator itself.
+are the agent's own code, called exactly as the agent calls it: the node's placement
+rule and admission (`node.decide`: `policy.placement.place` and `admit`), its start
+gate and GPU slices (`node.gate`), `PlacementRetry`, `ShareLedger`, `TransferPolicy`
+(probes, replies, pushes and steals are delayed messages),
+`policy.migration.plan_migrations`, `policy.load` (Flex) and `policy.gpu.GpuAllocator`.
+Only the yardsticks that swarm must never use (least-loaded of a stale view,
+omniscient join-shortest-queue) and the request-based baselines of the Flex
+experiment are computed by the simulator itself.
 
 Staleness: placers read a shared view of load reports. `Board(T)` is Mitzenmacher's
 bulletin board (all reports posted together every T); `GossipAge(period, delay)` is

@@ -13,10 +13,11 @@ Policies (all admission checks go through swarm's policy functions):
   worst-fit); admit iff ``committed requests + request <= capacity``, checked with
   `flex_refusal(P=1, usage=committed requests, ...)`.
 * oversub-2x: the same with the capacity doubled.
-* flex (FIFO or largest-request-first queue): swarm's own path. `place(d=2)` samples
-  two nodes whose reported idle CPU and free memory fit the request
-  (`placement.refusal` on the reports, one step old), and the target runs
-  `placement.admit` with its Flex state: ``P * estimated usage + request <=
+* flex (FIFO or largest-request-first queue): swarm's own path. The agent's rule
+  (`node.decide.choose`, two choices) samples two nodes whose reported idle CPU and
+  free memory fit the request (`placement.refusal` on the reports, one step old), and
+  the target runs the agent's admission (`node.decide.admission_refusal`, i.e.
+  `placement.admit`) with its Flex state: ``P * estimated usage + request <=
   capacity``, usage estimated by `PeakEstimator`, P updated every step by
   `flex_update` from local QoS. A refused task is placed again without the refusers
   (`PlacementRetry`), up to `RetryPolicy.max_tries`, then waits for the next step.
@@ -37,6 +38,7 @@ from collections.abc import Iterator
 import attrs
 
 from swarm.model import LoadReport, TaskSpec
+from swarm.node.decide import TWO_CHOICE, admission_refusal, choose
 from swarm.policy.load import (
     Capacity,
     FlexConfig,
@@ -47,7 +49,7 @@ from swarm.policy.load import (
     flex_update,
     qos_holds,
 )
-from swarm.policy.placement import PlacementRetry, RetryPolicy, admit, place
+from swarm.policy.placement import PlacementRetry, RetryPolicy
 from swarm.policy.shares import ShareLedger
 from swarm.policy.view import LoadView, PeerEntry
 
@@ -383,13 +385,15 @@ class FlexSim:
         # swarm: place(d=2) on the reports, then the target's admit on fresh state.
         retry = PlacementRetry()
         for _ in range(self.cfg.retry.max_tries):
-            p = place(
+            p = choose(
+                TWO_CHOICE,
+                2,
                 t.spec,
                 self._front,
                 self.view,
                 self.rng,
                 float(step),
-                exclude=retry.exclude,
+                retry.exclude,
                 scan_below=0,  # rejection-sample: no full scan for explain's sake
             )
             if p.target is None:
@@ -398,7 +402,7 @@ class FlexSim:
             est = n.peak.estimate
             usage = Usage(cpu=est.cpu + n.fresh_cpu, mem=est.mem + int(n.fresh_mem))
             cap = Capacity(cpu=n.cap, mem=int(n.mem))
-            if admit(t.spec, n.ledger, n.flex, usage, cap).ok:
+            if admission_refusal(t.spec, n.ledger, n.flex, usage, cap) is None:
                 return n
             retry = retry.on_refusal(n.id, float(step), self.cfg.retry, self.rng)
             if not retry.ready(float(step)):

@@ -2,11 +2,12 @@
 
 Nodes with 8 GPUs each (two NVLink groups of four, 80 GiB per device), tasks with
 GPU requests where most are a fraction of one device (`workloads.gpu_jobs`). A task
-is placed by `policy.placement.place(d=2)`: only nodes whose gossiped GPU summary
-fits the request are sampled (`gpu.fits_summary` inside `placement.refusal`). The
-target's `policy.gpu.GpuAllocator` then picks the devices with the given policy
-(binpack: the fullest device that fits; spread: the emptiest). A task that fits
-nowhere waits in a FIFO queue that is retried whenever GPUs are freed.
+is placed by the agent's rule (`node.decide.choose`, two choices): only nodes whose
+gossiped GPU summary fits the request are sampled (`gpu.fits_summary` inside
+`placement.refusal`). The target's start gate (`node.gate.allocate_gpu`, over its
+`policy.gpu.GpuAllocator`) then picks the devices with the given policy (binpack: the
+fullest device that fits; spread: the emptiest); `node.gate.release_gpu` frees them.
+A task that fits nowhere waits in a FIFO queue that is retried whenever GPUs are freed.
 
 Fragmentation is `policy.gpu.fragmentation` taken against the workload's request mix
 and weighted by it: the free GPU compute that the next request, drawn from the mix,
@@ -26,7 +27,9 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 
-from swarm.model import GpuRequest, LoadReport, TaskSpec
+from swarm.model import GpuRequest, LoadReport, Task, TaskSpec
+from swarm.node.decide import TWO_CHOICE, choose
+from swarm.node.gate import allocate_gpu, release_gpu
 from swarm.policy.gpu import (
     CORE_PER_DEVICE,
     GpuAllocator,
@@ -34,7 +37,7 @@ from swarm.policy.gpu import (
     Policy,
     fragmentation,
 )
-from swarm.policy.placement import PlacementRetry, RetryPolicy, place
+from swarm.policy.placement import PlacementRetry, RetryPolicy
 from swarm.policy.view import LoadView, PeerEntry
 
 from .workloads import GPU_MIX, Job, gpu_jobs, mean_gpu_core
@@ -171,7 +174,7 @@ class GpuSim:
             elif kind == 1:  # completion
                 assert isinstance(obj, tuple)
                 node, spec = obj
-                node.alloc.release(spec.id)
+                release_gpu(spec.id, node.alloc)
                 node.weight -= spec.weight
                 self._publish(node, now)
             else:  # sample
@@ -254,15 +257,21 @@ class GpuSim:
         self.waiting = keep
 
     def _try_start(self, spec: TaskSpec, job: Job, now: float) -> bool:
-        req = spec.gpu
-        assert req is not None
+        """The agent's placement (two choices on the gossiped GPU summaries), then its
+        gate's GPU step at the target (`node.gate.allocate_gpu`: the slice, by the
+        run's policy); a target without a slice refuses and the next try excludes it.
+        After `max_tries` refusals the task waits in the queue for GPUs to free up (the
+        agent would back off and place again: here the queue is retried on every
+        release instead)."""
+        task = Task(spec)
         retry = PlacementRetry()
         for _ in range(self._retry.max_tries):
-            p = place(spec, self._front, self.view, self.rng, now, exclude=retry.exclude)
+            p = choose(TWO_CHOICE, 2, spec, self._front, self.view, self.rng, now, retry.exclude)
             if p.target is None:
                 return False
             node = self.by_id[p.target]
-            if node.alloc.allocate(spec.id, req, self.cfg.policy) is not None:
+            why, _ = allocate_gpu(task, node.alloc, self.cfg.policy)
+            if why is None:
                 node.weight += spec.weight
                 self._publish(node, now)
                 self._push(now + job.duration, 1, (node, spec))

@@ -11,8 +11,13 @@ import random
 import attrs
 import pytest
 
+from swarm.model import LoadReport, TaskSpec
+from swarm.node import decide
+from swarm.node.state import NodeState, Settings
 from swarm.policy import migration as mig
+from swarm.policy.shares import ShareLedger
 from swarm.policy.transfer import TransferConfig
+from swarm.policy.view import PeerEntry
 from swarm.sim.engine import (
     FRONTEND,
     NODE,
@@ -23,9 +28,11 @@ from swarm.sim.engine import (
     Jsq,
     LeastLoaded,
     MigrationSpec,
+    PlaceRandom,
     PowerOfD,
     SimConfig,
     SimError,
+    SimTask,
     quantile,
     simulate,
 )
@@ -202,9 +209,6 @@ def test_queued_reservation_is_passed_over_until_shares_free() -> None:
     cfg = SimConfig(nodes=uniform_nodes(1, slots=3))
     sim = ClusterSim(cfg, [])
     node = sim.nodes[0]
-    from swarm.model import TaskSpec
-    from swarm.sim.engine import SimTask
-
     tasks = [
         SimTask(i, TaskSpec(id=f"t{i}", argv=(), reserve_shares=r), 0.0, 1.0)
         for i, r in enumerate((768, 768, 0))
@@ -262,3 +266,83 @@ def test_gossip_age_staleness_ages_reports() -> None:
     ages = [sim.now - sim.view[k].received_at for k in sim.view]
     assert max(ages) <= st.period + st.delay + st.period / st.buckets + 1e-9
     assert attrs.evolve(st, delay=0.0).delay == 0.0
+
+
+@pytest.mark.parametrize("origin", [FRONTEND, NODE])
+def test_agent_random_rule_is_mm1_from_any_origin(origin: str) -> None:
+    """The agent's `random` rule (PlaceRandom) draws a uniformly random eligible node,
+    the origin included: M/M/1 queues wherever tasks arrive. PowerOfD(1) is uniform
+    random only from a front end; from a node it takes the better of the origin and
+    one random peer, which is far better than random."""
+    n, rho = 80, 0.5
+
+    def mean(strategy: PlaceRandom | PowerOfD) -> float:
+        cfg = SimConfig(
+            nodes=uniform_nodes(n, slots=1),
+            placement=strategy,
+            staleness=Fresh(),
+            origin=origin,
+            seed=2,
+            warmup=20.0,
+        )
+        return simulate(cfg, _jobs(rho * n, 12_000)).mean
+
+    assert mean(PlaceRandom()) == pytest.approx(1.0 / (1.0 - rho), rel=0.05)
+    if origin == NODE:
+        assert mean(PowerOfD(1)) < 0.7 / (1.0 - rho)
+
+
+def test_start_gate_is_the_agents_a_drained_node_starts_nothing() -> None:
+    """Queued tasks pass the agent's start gate (node.gate.can_start): on a node drained
+    after they were admitted, nothing starts; undrained, they start."""
+    sim = ClusterSim(SimConfig(nodes=uniform_nodes(1, slots=2)), [])
+    node = sim.nodes[0]
+    tasks = [SimTask(i, TaskSpec(id=f"t{i}", argv=(), reserve_shares=1), 0.0, 1.0) for i in (0, 1)]
+    for t in tasks:
+        sim.finished.append(0)
+        sim._outstanding += 1
+        node.ledger.add(t.spec)
+        node.queue.append(t)
+    node.ledger.set_shares(0)
+    sim._try_start(node)
+    assert not node.running and sim.reserved_waited == 2
+    node.ledger.set_shares(1024)
+    sim._try_start(node)
+    assert [t.spec.id for t in node.running] == ["t0", "t1"]
+    assert node.ledger.reserved == 2  # the gate took the shares
+
+
+@pytest.mark.parametrize("rule", [decide.TWO_CHOICE, decide.RANDOM])
+def test_decide_is_node_states_own_choice_and_admission(rule: str) -> None:
+    """The function forms the simulator calls decide as a NodeState does: the same
+    target for the same view and seed, and the same admission verdicts."""
+    ledger = ShareLedger(1024)
+    state = NodeState(
+        "me",
+        ledger=ledger,
+        settings=Settings(placement_rule=rule, placement_d=2),
+        rng=random.Random(7),
+    )
+    for i in range(40):
+        r = LoadReport(f"p{i}", 1, weight_sum=float(i % 5), reserved_shares=(i % 3) * 400)
+        state.view.put(r.node, PeerEntry(r, 0.0))
+    ledger.add(TaskSpec(id="busy", argv=(), weight=3.0, reserve_shares=300))
+    ledger.start("busy")  # 724 shares free: a reservation of 900 is refused here
+    rng = random.Random(7)
+    targets: set[str | None] = set()
+    verdicts: set[str | None] = set()
+    for k in range(200):
+        spec = TaskSpec(id=f"t{k}", argv=(), reserve_shares=(k % 4) * 300)
+        exclude = frozenset({f"p{k % 40}"})
+        mine = state.choose(spec, 1.0, 1.0, exclude)
+        local = state.local_report(1.0)
+        theirs = decide.choose(rule, 2, spec, local, state.view, rng, 1.0, exclude)
+        assert mine.target == theirs.target, k
+        why = decide.admission_refusal(
+            spec, ledger, state.flex, *state.usage(), gpus=state.gpus.summary()
+        )
+        assert state.admission_refusal(spec) == why
+        targets.add(mine.target)
+        verdicts.add(why)
+    assert len(targets) > 5 and "me" in targets
+    assert None in verdicts and len(verdicts) == 2
