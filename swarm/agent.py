@@ -25,7 +25,7 @@ from .runtime.executor import Executor, ProcessPlan
 from .runtime.journal import Journal
 from .runtime.localops import LocalOps
 from .runtime.metrics import MetricsServer
-from .runtime.migrator import Migrator
+from .runtime.moving import Migrator
 from .runtime.notify import Notifier
 from .runtime.retention import Retention
 from .runtime.routes import peer_routes

@@ -30,7 +30,7 @@ from .driver import Driver
 from .isolation import Identities
 from .journal import Event, Journal, JournalError, PutKV
 from .logread import read_log
-from .migrator import Migrator
+from .moving import Migrator
 from .net import TransportError
 from .peers import ClusterNode, RemoteError
 from .runner import LocalRunner

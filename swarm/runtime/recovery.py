@@ -14,7 +14,7 @@ from .driver import Driver
 from .executor import kill_orphan
 from .journal import DelKV, DelProc, Journal
 from .localops import LocalOps
-from .migrator import Migrator
+from .moving import Migrator
 from .runner import LocalRunner
 from .tasks import TaskTable
 

@@ -13,7 +13,7 @@ from .peers import RpcHandler
 if TYPE_CHECKING:
     from .driver import Driver
     from .localops import LocalOps
-    from .migrator import Migrator
+    from .moving import Migrator
 
 
 def peer_routes(coord: Driver, migrator: Migrator, ops: LocalOps) -> dict[str, RpcHandler]:
@@ -25,7 +25,7 @@ def peer_routes(coord: Driver, migrator: Migrator, ops: LocalOps) -> dict[str, R
         # transfer: load probes, and a receiver taking a queued task
         "probe": coord.transfers.rpc_probe,
         "steal": coord.transfers.rpc_steal,
-        # migration: decisions, state streams, records (runtime/migrator.py)
+        # migration: decisions, state streams, records (runtime/moving.py)
         "migrate": migrator.rpc,
         # a client's request forwarded to the task's home (runtime/localops.py)
         "cancel": ops.rpc_cancel,

@@ -17,6 +17,7 @@ from ..crypto import Keyring, KeyringError
 from ..logs import EventLog
 from ..model import TaskSpec
 from ..node.config import Profile
+from ..node.moves import MoveSettings
 from ..node.state import Settings
 from ..policy import gpu as gpupol
 from ..policy.shares import ShareLedger
@@ -29,7 +30,7 @@ from .gpu import Inventory
 from .isolation import Identities, IsolationError, TaskIsolation
 from .isolation import detect as detect_cgroups
 from .journal import Journal
-from .migrator import Migrator, MigratorSettings, settings_for
+from .moving import Migrator, settings_for
 from .peers import ClusterNode
 from .runner import LocalRunner
 from .tasks import TaskTable
@@ -163,7 +164,7 @@ def task_isolation(config: Config, clock: Clock, log: EventLog) -> TaskIsolation
     return TaskIsolation(ids, cgroups, log=log)
 
 
-def migration_settings(config: Config) -> MigratorSettings:
+def migration_settings(config: Config) -> MoveSettings:
     try:
         return settings_for(config)
     except ValueError as e:

@@ -21,7 +21,7 @@ from .clock import Clock
 from .driver import Driver
 from .isolation import TaskIsolation
 from .journal import Journal
-from .migrator import Migrator
+from .moving import Migrator
 from .peers import ClusterNode
 from .retention import Retention
 from .runner import LocalRunner

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from swarm.runtime import criu as criu_rt
-from swarm.runtime.migrator import parse_signal
+from swarm.runtime.moving import parse_signal
 
 FAKE = Path(__file__).parents[1] / "programs" / "fake_criu.py"
 

@@ -7,7 +7,7 @@ from swarm.cluster.membership import MembershipConfig
 from swarm.config import load_config
 from swarm.node.config import PROFILES, profile_settings
 from swarm.policy.transfer import TransferConfig
-from swarm.runtime.migrator import settings_for
+from swarm.runtime.moving import settings_for
 
 
 def test_local_is_faster_than_lan_everywhere() -> None:
