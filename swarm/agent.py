@@ -123,7 +123,6 @@ class Agent:
         )
         self.ops = LocalOps(
             node=node,
-            default_shares=config.shares,
             table=self.table,
             journal=self.journal,
             runner=self.runner,

@@ -7,7 +7,7 @@ of nodes without a NodeState each. Both decide through the functions here and in
 
 - `choose`: where a task goes, by the node's placement rule (function form of
   `Placing.choose`): two choices on the stale view (`policy.placement.place`) or the
-  benchmarks' random baseline (`placing.place_random`).
+  benchmarks' random baseline (`place_random`).
 - `admission_refusal`: why a node would not take a task now, on its fresh state
   (function form of `LoadState.admission_refusal`, whose core is `admit_here`).
 """
@@ -22,7 +22,6 @@ from ..policy import load as loadpol
 from ..policy import placement as pl
 from ..policy import shares as sh
 from ..policy.view import LoadView
-from .placing import place_random
 
 TWO_CHOICE = "two-choice"  # Settings.placement_rule: power of d choices
 RANDOM = "random"  # ... the benchmarks' baseline: a uniformly random eligible node
@@ -71,3 +70,25 @@ def admission_refusal(
         return None
     adm = pl.admit(spec, ledger, flex, usage, capacity, gpus=gpus)
     return None if adm.ok else adm.reason
+
+
+def place_random(
+    node: m.NodeId,
+    spec: m.TaskSpec,
+    local: m.LoadReport,
+    view: LoadView,
+    rng: random.Random,
+    exclude: frozenset[m.NodeId],
+) -> pl.Placement:
+    """Baseline for benchmarks: a uniformly random eligible node (this one included)."""
+    needs = pl.Needs.of(spec)
+    nodes = [n for n in view if n != node]
+    for _ in range(16):
+        i = rng.randrange(len(nodes) + 1)
+        pick = node if i == len(nodes) else nodes[i]
+        report = local if pick == node else view[pick].report
+        if pick not in exclude and pl.refusal(report, needs) is None:
+            return pl.Placement(spec.id, pick, pick == node, (), "random", 1, len(nodes), False)
+    return pl.Placement(
+        spec.id, None, False, (), "random: no eligible node drawn", 16, len(nodes), False
+    )

@@ -169,6 +169,11 @@ class SyncGlobals:
 
 
 @attrs.frozen
+class KickRunner:
+    """Let the runner look at its queue again (shares or slots changed)."""
+
+
+@attrs.frozen
 class Later:
     """Carry these out in a task of their own (the caller must not wait on them)."""
 
@@ -196,6 +201,7 @@ Instruction = (
     | PublishLoad
     | TransferRound
     | SyncGlobals
+    | KickRunner
     | Later
 )
 

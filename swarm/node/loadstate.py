@@ -16,6 +16,7 @@ from ..policy import placement as pl
 from ..policy import shares as sh
 from ..policy import transfer as tr
 from ..policy.view import LoadView
+from . import decide
 from .records import TaskRecords
 
 S = m.TaskState
@@ -95,12 +96,16 @@ class LoadState:
 
     def admission_refusal(self, spec: m.TaskSpec) -> str | None:
         """Why this node would not take an offered task now (None: it would)."""
-        if self.admission_hook is not None and (why := self.admission_hook(spec)):
-            return why
-        if spec.id in self.ledger:
-            return None
-        adm = self.admit_here(spec)
-        return None if adm.ok else adm.reason
+        usage, cap = self.usage()
+        return decide.admission_refusal(
+            spec,
+            self.ledger,
+            self.flex,
+            usage,
+            cap,
+            gpus=self.gpus.summary(),
+            hook=self.admission_hook,
+        )
 
     def queue_view(self, now: float) -> list[tr.QueuedTask]:
         """Queued (not started) tasks in the local run queue, as transfer sees them."""

@@ -23,6 +23,7 @@ from ..policy import gpu as gpupol
 from ..policy import placement as pl
 from ..policy import shares as sh
 from ..policy.view import LoadView
+from . import decide
 from . import events as ev
 from .records import TaskRecords
 
@@ -92,9 +93,9 @@ class Placing:
         self, spec: m.TaskSpec, now: float, wall: float, exclude: frozenset[m.NodeId] = frozenset()
     ) -> pl.Placement:
         local = self.local_report(wall)
-        if self.placement_rule == "random":  # the benchmarks' baseline
-            return place_random(self.node, spec, local, self.view, self.rng, exclude)
-        return pl.place(spec, local, self.view, self.rng, now, d=self.d, exclude=exclude)
+        return decide.choose(
+            self.placement_rule, self.d, spec, local, self.view, self.rng, now, exclude
+        )
 
     def explain(self, tid: m.TaskId, rec: dict[str, Any], wall: float) -> ev.Explain:
         """Keep a decision for `swarm explain`: in memory for recent tasks; the runtime
@@ -133,7 +134,7 @@ class Placing:
                 if adm.ok:
                     self.counters["placements"] += 1
                     return self._run_here(t, first, adm, now, wall)
-                first = None  # refused: the job records it and retries around it
+                first = None  # refused here: the job chooses again (and records a refusal)
         self.jobs[tid] = Job(first=first)
         return [ev.Later(tuple(self.step(tid, now, wall)))]
 
@@ -228,25 +229,3 @@ class Placing:
         for tid in list(self.jobs):
             out += self.step(tid, now, wall)
         return out
-
-
-def place_random(
-    node: m.NodeId,
-    spec: m.TaskSpec,
-    local: m.LoadReport,
-    view: LoadView,
-    rng: random.Random,
-    exclude: frozenset[m.NodeId],
-) -> pl.Placement:
-    """Baseline for benchmarks: a uniformly random eligible node (this one included)."""
-    needs = pl.Needs.of(spec)
-    nodes = [n for n in view if n != node]
-    for _ in range(16):
-        i = rng.randrange(len(nodes) + 1)
-        pick = node if i == len(nodes) else nodes[i]
-        report = local if pick == node else view[pick].report
-        if pick not in exclude and pl.refusal(report, needs) is None:
-            return pl.Placement(spec.id, pick, pick == node, (), "random", 1, len(nodes), False)
-    return pl.Placement(
-        spec.id, None, False, (), "random: no eligible node drawn", 16, len(nodes), False
-    )

@@ -6,6 +6,8 @@ Keys (the task records themselves are rows of their own, not keys):
   tomb:<id>    [epoch, wall time]: a guest entry that ended (late offers are refused)
   gpu:<id>     a task's GPU slice allocation (a re-queued task restarts on it)
   globals      the global-task set (a CRDT, also gossiped)
+  shares, undrain_shares   this node's shares and what an undrain gives back (shares.py)
+  marr:<id>    a migrated task's arrival record (moves.py)
 """
 
 from __future__ import annotations

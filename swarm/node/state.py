@@ -34,6 +34,7 @@ from .location import Location
 from .placing import Job, Placing
 from .records import TaskRecords
 from .recovery import Handoffs
+from .shares import ShareChanges
 from .timers import Timers
 
 S = m.TaskState
@@ -52,6 +53,7 @@ class Settings:
     gpu_policy: str = "binpack"
     psi_target: float = 50.0
     slots: int = 1
+    default_shares: int = 1024  # the configured shares: an undrain's default
     report_interval: float = 1.0
     transfer_interval: float | None = None  # None: no work transfer
     breaks: frozenset[str] = frozenset()  # TEST-ONLY chaos switches (testbreak.py)
@@ -90,6 +92,7 @@ class NodeState(Location, LoadState, Placing, Timers):
         self.d = settings.placement_d
         self.placement_rule = settings.placement_rule
         self.slots = settings.slots
+        self.share_changes = ShareChanges(ledger, settings.default_shares)
         self.report_interval = settings.report_interval
         self.transfer_interval = settings.transfer_interval
         self.due: dict[str, float] = {}  # next run of each periodic mechanism (timers.py)

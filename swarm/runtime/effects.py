@@ -27,7 +27,7 @@ from .transfers import TransferIO
 
 
 class MoveHooks(Protocol):
-    """What the driver asks of the migration side (runtime/migrator.Migrator), named
+    """What the driver asks of the migration side (runtime/moving.Migrator), named
     here so the two modules do not import each other."""
 
     def holds_state(self, t: m.Task) -> bool: ...
@@ -155,6 +155,8 @@ class Effects:
             self.transfers.round()
         elif isinstance(i, ev.SyncGlobals):
             self.globals_io.kick()
+        elif isinstance(i, ev.KickRunner):
+            self.runner.kick()
         elif isinstance(i, ev.Later):
             self._spawn(self.execute, list(i.instructions))
 

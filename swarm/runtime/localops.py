@@ -36,16 +36,12 @@ from .peers import ClusterNode, RemoteError
 from .runner import LocalRunner
 from .tasks import TaskTable, UnknownTask
 
-SHARES_KEY = "shares"
-UNDRAIN_KEY = "undrain_shares"
-
 
 class LocalOps:
     def __init__(
         self,
         *,
         node: m.NodeId,
-        default_shares: int,
         table: TaskTable,
         journal: Journal,
         runner: LocalRunner,
@@ -72,16 +68,7 @@ class LocalOps:
         self.log = log
         self.accepting = False  # submissions are taken (between start-up and shutdown)
         self.access = TaskAccess(node=node, table=table, cluster=cluster)
-        self.shares = Shares(
-            node=node,
-            default_shares=default_shares,
-            journal=journal,
-            ledger=ledger,
-            runner=runner,
-            coord=coord,
-            clock=clock,
-            log=log,
-        )
+        self.shares = Shares(node=node, journal=journal, coord=coord, clock=clock)
         self._submitting: set[m.TaskId] = set()  # chosen ids between check and journal
 
     def ops(self) -> Ops:
@@ -519,44 +506,30 @@ class TaskAccess:
 
 
 class Shares:
-    """`swarm shares`/`drain`/`undrain`: the node's shares, journaled."""
+    """`swarm shares`/`drain`/`undrain`: the node's shares, journaled (the rules are
+    node/shares.py's)."""
 
     def __init__(
         self,
         *,
         node: m.NodeId,
-        default_shares: int,
         journal: Journal,
-        ledger: ShareLedger,
-        runner: LocalRunner,
         coord: Driver,
         clock: Clock,
-        log: EventLog,
     ) -> None:
         self.node = node
-        self.default_shares = default_shares  # the configured shares: an undrain's default
         self.journal = journal
-        self.ledger = ledger
-        self.runner = runner
         self.coord = coord
         self.clock = clock
-        self.log = log
-        self._kv_undrain = 0  # shares to restore on undrain
+        self.changes = coord.state.share_changes
         self._lock = trio.Lock()
 
     def restore(self, kv: dict[str, Any]) -> None:
-        """At start-up, from the journal: the shares (a drain survives a restart) and
-        the shares an undrain gives back."""
-        shares = kv.get(SHARES_KEY)
-        if isinstance(shares, int) and shares >= 0:
-            self.ledger.set_shares(shares)
-        undrain = kv.get(UNDRAIN_KEY)
-        if isinstance(undrain, int) and undrain > 0:
-            self._kv_undrain = undrain
+        self.changes.restore(kv)
 
     async def op_shares(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
-        # One change at a time, so that the journal's order of changes is the ledger's
-        # (a drain whose write is slow must not land after the undrain that followed it).
+        # One change at a time: the journal's order of changes is then the order they
+        # were asked in (the state's sequence numbers keep the ledger right anyway).
         async with self._lock:
             return await self._change_shares(f, cred)
 
@@ -567,46 +540,29 @@ class Shares:
         f.done()
         if drain and (undrain or value is not None):
             raise wire.SchemaError("shares: drain takes no other field")
-        old = self.ledger.shares
-        extra: list[Any] = []
-        if drain:
-            value = 0
-            if old > 0:
-                extra.append(PutKV(UNDRAIN_KEY, old))
-        elif undrain and value is None:
-            saved = self._kv_undrain if self._kv_undrain else self.default_shares
-            value = saved if saved > 0 else 1024
-        if value is not None:
-            if cred.uid != 0 and cred.uid != os.getuid():
-                raise RequestError(
-                    "permission_denied", "only root or the agent's user may change shares"
-                )
-            if value < old:
-                # A cut (a drain) takes effect before it is journaled: no task may start
-                # while the write is in flight, after the time the journal gives it.
-                self.ledger.set_shares(value)
-            try:
-                await self.journal.commit(
-                    [
-                        PutKV(SHARES_KEY, value),
-                        *extra,
-                        Event(
-                            self.clock.wall(), "shares", None, self.node, {"old": old, "new": value}
-                        ),
-                    ]
-                )
-            except JournalError as e:
-                self.ledger.set_shares(old)
-                raise RequestError(
-                    "journal", f"shares not changed: journal write failed: {e}"
-                ) from None
-            if drain and old > 0:
-                self._kv_undrain = old
-            self.ledger.set_shares(value)
-            self.log.info("agent.shares", old=old, new=value, draining=value == 0)
-            self.coord.shares_changed()
-            self.runner.kick()
-        return {"shares": self.ledger.shares, "draining": self.ledger.draining}
+        changing = drain or undrain or value is not None
+        if changing and cred.uid != 0 and cred.uid != os.getuid():
+            raise RequestError(
+                "permission_denied", "only root or the agent's user may change shares"
+            )
+        change = self.changes.decide(value, drain, undrain)
+        if change is None:
+            return self.changes.answer()
+        note = {"old": change.old, "new": change.new}
+        try:
+            await self.journal.commit(
+                [
+                    *(PutKV(o.key, o.value) for o in change.ops),
+                    Event(self.clock.wall(), "shares", None, self.node, note),
+                ]
+            )
+        except JournalError as e:
+            self.changes.failed(change.seq)
+            raise RequestError(
+                "journal", f"shares not changed: journal write failed: {e}"
+            ) from None
+        self.coord.run_inline(self.changes.landed(change.seq))
+        return self.changes.answer()
 
 
 @functools.lru_cache(maxsize=4096)

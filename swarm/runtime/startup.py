@@ -223,6 +223,7 @@ def driver(
         gpu_policy=config.gpu_policy,
         psi_target=config.qos_psi_target,
         slots=config.slots,
+        default_shares=config.shares,
         breaks=testbreak.active(),
     )
     return Driver(

@@ -66,7 +66,7 @@ class PowerOfD:
 @attrs.frozen
 class PlaceRandom:
     """The agent's `random` placement rule (`--placement random`, its benchmarks'
-    baseline; `node.placing.place_random`): a uniformly random eligible node, the
+    baseline; `node.decide.place_random`): a uniformly random eligible node, the
     origin included, up to 16 draws. Unlike `PowerOfD(1)` placed from a node, which
     takes the better of the origin and one random peer."""
 

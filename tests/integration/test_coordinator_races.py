@@ -12,6 +12,7 @@ import trio
 from swarm import model as m
 from swarm.cluster import handoff as h
 from swarm.cluster.membership import EventKind, MemberEvent
+from swarm.node import decide
 from swarm.node import placing as placing_mod
 from swarm.policy import placement as pl
 from tests.integration.test_chaos_regressions import node_with_driver
@@ -75,7 +76,7 @@ def test_the_random_baseline_ignores_load_and_shares(tmp_path: Path) -> None:
     from collections import Counter
 
     picks = Counter(
-        placing_mod.place_random("n1", spec, local, coord.view, coord.rng, frozenset()).target
+        decide.place_random("n1", spec, local, coord.view, coord.rng, frozenset()).target
         for _ in range(4000)
     )
     assert set(picks) == {"n1", "a", "b", "c"}
