@@ -212,7 +212,7 @@ class Driver(Effects):
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.cluster is not None:
-                self.cluster.on_event = self.on_event
+                self.cluster.subscribe(self.on_event)
                 # its peer routes are in runtime/routes.py, installed by the agent
             nursery.start_soon(self.globals_io.loop)
             self.run_inline(self.state.start_timers(self.clock.now()))

@@ -57,7 +57,7 @@ class ClusterError(Exception):
 
 class ClusterNode(PeerRpc):
     """One node's part in the cluster: drives the membership core over the transport
-    (packets in, timers, packets out, events to `on_event`), joins seeds, snapshot
+    (packets in, timers, packets out, events to its listeners), joins seeds, snapshot
     peers and mDNS-discovered ones, and serves and sends peer RPCs (`PeerRpc`)."""
 
     def __init__(
@@ -97,7 +97,7 @@ class ClusterNode(PeerRpc):
         self.transport: Transport | None = None
         self.membership: Membership | None = None
         self.rpc: dict[str, RpcHandler] = {}
-        self.on_event: Callable[[Event], None] = lambda ev: None
+        self._listeners: list[Callable[[Event], None]] = []  # membership events
         self._wake = trio.Event()
         self._send_q_send, self._send_q_recv = trio.open_memory_channel[Outgoing](10_000)
         self.counters: dict[str, int] = {"rpc_in": 0, "rpc_errors": 0, "joins": 0, "discovered": 0}
@@ -113,6 +113,10 @@ class ClusterNode(PeerRpc):
     def addr(self) -> Addr:
         assert self.transport is not None
         return self.transport.advertise
+
+    def subscribe(self, listener: Callable[[Event], None]) -> None:
+        """Hear every membership event (joins, deaths, load reports, app messages)."""
+        self._listeners.append(listener)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         sealer = None if self.keyring is None else Sealer(self.keyring, self.cluster)
@@ -200,7 +204,8 @@ class ClusterNode(PeerRpc):
                 if not self.joined_event.is_set() and ev.member.node != self.node:
                     self.joined_event.set()
             try:
-                self.on_event(ev)
+                for listen in self._listeners:
+                    listen(ev)
             except Exception as e:  # a bug in a handler must not stop membership
                 self.log.exception("cluster.event_handler_failed", e)
 
