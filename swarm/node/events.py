@@ -164,6 +164,11 @@ class TransferRound:
 
 
 @attrs.frozen
+class MigrationRound:
+    """Run one migration round: expire stale moves, decide what to move now."""
+
+
+@attrs.frozen
 class SyncGlobals:
     """Start the global tasks that should run here, stop the others."""
 
@@ -200,6 +205,7 @@ Instruction = (
     | Sample
     | PublishLoad
     | TransferRound
+    | MigrationRound
     | SyncGlobals
     | KickRunner
     | Later

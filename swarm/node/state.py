@@ -56,6 +56,7 @@ class Settings:
     default_shares: int = 1024  # the configured shares: an undrain's default
     report_interval: float = 1.0
     transfer_interval: float | None = None  # None: no work transfer
+    migration_period: float | None = None  # None: no migration side
     breaks: frozenset[str] = frozenset()  # TEST-ONLY chaos switches (testbreak.py)
 
 
@@ -95,6 +96,7 @@ class NodeState(Location, LoadState, Placing, Timers):
         self.share_changes = ShareChanges(ledger, settings.default_shares)
         self.report_interval = settings.report_interval
         self.transfer_interval = settings.transfer_interval
+        self.migration_period = settings.migration_period
         self.due: dict[str, float] = {}  # next run of each periodic mechanism (timers.py)
         # why a task may not run on this node at all (its user does not exist here,
         # root tasks are off): the runtime knows the host's users

@@ -1,5 +1,5 @@
 """The node's periodic work on one deadline (pure): handoff retries, load sampling and
-reports, transfer rounds, global-task syncs, placement back-offs.
+reports, transfer rounds, migration rounds, global-task syncs, placement back-offs.
 
 Each mechanism has its next due time here; a `Wake` stimulus at `now` runs what is due
 and ends with one `WakeAt` for the earliest next deadline, so the runtime keeps a
@@ -27,6 +27,7 @@ class Timers:
     due: dict[str, float]
     report_interval: float
     transfer_interval: float | None
+    migration_period: float | None
     globals: sh.GlobalTasks
     view: LoadView
     jobs: dict[m.TaskId, Any]
@@ -46,6 +47,8 @@ class Timers:
         }
         if self.transfer_interval is not None:
             self.due["transfer"] = now + self.transfer_interval
+        if self.migration_period is not None:
+            self.due["migration"] = now + self.migration_period
         return [ev.WakeAt(min(self.due.values()))]
 
     def wake_all(self, now: float, wall: float) -> list[ev.Instruction]:
@@ -61,6 +64,9 @@ class Timers:
         if "transfer" in due and now >= due["transfer"] and self.transfer_interval is not None:
             out.append(ev.TransferRound())
             due["transfer"] = now + self.transfer_interval
+        if "migration" in due and now >= due["migration"] and self.migration_period is not None:
+            out.append(ev.MigrationRound())
+            due["migration"] = now + self.migration_period
         if due and now >= due["globals"]:
             out.append(ev.SyncGlobals())
             due["globals"] = now + (GLOBALS_SOME if self.globals.members else GLOBALS_NONE)

@@ -73,6 +73,7 @@ class Driver(Effects):
         rng: random.Random | None = None,
         admission_hook: Callable[[m.TaskSpec], str | None] | None = None,
         moves: Callable[[Driver], MoveHooks] | None = None,
+        migration_period: float = 5.0,
     ) -> None:
         self.node = node
         self.table = table
@@ -91,6 +92,7 @@ class Driver(Effects):
             settings,
             report_interval=report_interval,
             transfer_interval=transfer_config.round_interval if on else None,
+            migration_period=migration_period if moves is not None else None,
         )
         self.state = NodeState(
             node,

@@ -35,6 +35,7 @@ class MoveHooks(Protocol):
     def on_stopped(self, task: m.Task) -> None: ...
     def on_ended(self, task: m.Task) -> None: ...
     def on_left(self, tid: m.TaskId) -> None: ...
+    def round_due(self) -> None: ...
     async def cancel(self, tid: m.TaskId, cause: str) -> None: ...
 
 
@@ -153,6 +154,9 @@ class Effects:
             self.publish_load()
         elif isinstance(i, ev.TransferRound):
             self.transfers.round()
+        elif isinstance(i, ev.MigrationRound):
+            if self.migrator is not None:
+                self.migrator.round_due()
         elif isinstance(i, ev.SyncGlobals):
             self.globals_io.kick()
         elif isinstance(i, ev.KickRunner):

@@ -136,6 +136,7 @@ class Migrator:
             spawn=self._spawn,
         )
         self._nursery: trio.Nursery | None = None
+        self._in_round = False  # a decision round is running (rounds never overlap)
 
     @property
     def node(self) -> m.NodeId:
@@ -241,15 +242,25 @@ class Migrator:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            while True:
-                await trio.sleep(self.s.period)
-                self.carry_out(self.book.expire(self.clock.now()))
-                if self.s.mode == "off" or self.coord.cluster is None:
-                    continue
-                try:
-                    await self.round()
-                except Exception as e:  # a bug here must not stop the agent
-                    self.log.exception("migration.round_failed", e)
+            await trio.sleep_forever()
+
+    def round_due(self) -> None:
+        """The node's timers say a round is due (every `period`, node/timers.py): expire
+        stale moves, then decide, unless the last round is still going."""
+        self.carry_out(self.book.expire(self.clock.now()))
+        if self.s.mode == "off" or self.coord.cluster is None or self._in_round:
+            return
+        if self._nursery is not None:
+            self._in_round = True
+            self._nursery.start_soon(self._round_guarded)
+
+    async def _round_guarded(self) -> None:
+        try:
+            await self.round()
+        except Exception as e:  # a bug here must not stop the agent
+            self.log.exception("migration.round_failed", e)
+        finally:
+            self._in_round = False
 
     async def round(self) -> list[pol.MigrationDecision]:
         """One decision round; returns the decisions (for tests and dry runs)."""

@@ -245,6 +245,7 @@ def driver(
         rng=rng,
         admission_hook=admission_hook,
         moves=moves,
+        migration_period=migration_settings(config).period,
     )
 
 

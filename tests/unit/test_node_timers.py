@@ -69,3 +69,16 @@ def test_2abae3e_a_peer_that_undrains_wakes_the_global_tasks_at_once() -> None:
 
 def test_a_local_share_change_publishes_and_wakes_the_global_tasks() -> None:
     assert _state().shares_changed() == [ev.PublishLoad(), ev.SyncGlobals()]
+
+
+def test_migration_rounds_come_due_on_the_same_deadline() -> None:
+    s = NodeState(
+        "A",
+        ledger=sh.ShareLedger(),
+        settings=Settings(report_interval=1.0, migration_period=5.0),
+    )
+    s.start_timers(0.0)
+    assert "MigrationRound" not in _kinds(s.wake_all(0.0, 0.0))
+    assert "MigrationRound" in _kinds(s.wake_all(5.0, 0.0))
+    assert "MigrationRound" not in _kinds(s.wake_all(6.0, 0.0))
+    assert "MigrationRound" in _kinds(s.wake_all(10.0, 0.0))
