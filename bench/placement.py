@@ -13,7 +13,9 @@ submitted at one node; spread over all nodes), submits N short tasks and measure
 - submit-to-start latency p50/p99 (the task records' submitted_at -> started_at);
 - coefficient of variation of per-node work against the share-weighted ideal
   (work = tasks run on the node, divided by its ideal share of N);
-- transfers (pushes + steals) per task.
+- transfers (pushes + steals) per task;
+- the agents' own CPU time per task (user + system of the 8 agent processes from the
+  first submit until the last task is done; the tasks' processes are not counted).
 Nodes have 2048, 1024 or 512 shares and slots in proportion (8 per 1024 shares), so
 the share-weighted split is also the fastest one. Prints a table and writes
 bench/results/placement.json.
@@ -35,6 +37,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -101,11 +105,23 @@ def submit_all(
     return [x for grp in ids for x in grp], t0
 
 
+def agent_cpu_s(agents: list[LocalAgent]) -> float:
+    """CPU seconds (user + system) the agent processes themselves have used so far:
+    their tasks' processes are children and not counted."""
+    total = 0.0
+    for a in agents:
+        assert a.proc is not None
+        t = psutil.Process(a.proc.pid).cpu_times()
+        total += t.user + t.system
+    return total
+
+
 def collect(agents: list[LocalAgent], ids: list[tuple[int, str]], spread: bool) -> dict[str, Any]:
     entries = agents if spread else agents[:1]
     clients = [Client(a.socket, timeout=600) for a in entries]
     records = [clients[i].wait(tid, timeout=600) for i, tid in ids]
     done_at = time.time()
+    cpu_done = agent_cpu_s(agents)  # before the bench's own explain/info calls
     placed_at = [first_placement(clients[i].call("explain", id=tid)) for i, tid in ids]
     infos = []
     for a in agents:
@@ -113,7 +129,13 @@ def collect(agents: list[LocalAgent], ids: list[tuple[int, str]], spread: bool) 
             infos.append(c.info())
     for c in clients:
         c.close()
-    return {"records": records, "done_at": done_at, "infos": infos, "placed_at": placed_at}
+    return {
+        "records": records,
+        "done_at": done_at,
+        "infos": infos,
+        "placed_at": placed_at,
+        "cpu_done": cpu_done,
+    }
 
 
 def _pct(ordered: list[float], q: float) -> float:
@@ -177,15 +199,18 @@ def analyse(
         "cv_vs_ideal": cv,
         "per_node": count,
         "transfers_per_task": transfers / n,
+        "agent_cpu_ms_per_task": 1000 * (res["cpu_done"] - res["cpu_start"]) / n,
     }
 
 
 def run(root: Path, rule: str, spread: bool, n: int, slots: int, argv: list[str]) -> dict[str, Any]:
     agents = start_cluster(root / f"{rule}-{'all' if spread else 'one'}", rule, slots)
     try:
+        cpu_start = agent_cpu_s(agents)
         ids, t0 = submit_all(agents, n, spread, argv)
         submit_end = time.time()
         res = collect(agents, ids, spread)
+        res["cpu_start"] = cpu_start
         return analyse(agents, res, t0, submit_end, n)
     finally:
         for a in agents:
@@ -218,6 +243,7 @@ def main() -> None:
                     f"done {r['completed_per_s']:.0f}/s  start p50 {r['start_p50_ms']:.0f} ms "
                     f"p99 {r['start_p99_ms']:.0f} ms  CV {r['cv_vs_ideal']:.3f}  "
                     f"transfers/task {r['transfers_per_task']:.3f}  "
+                    f"agent CPU {r['agent_cpu_ms_per_task']:.1f} ms/task  "
                     f"ok {r['succeeded']}/{r['tasks']}",
                     flush=True,
                 )
