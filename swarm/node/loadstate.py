@@ -17,6 +17,7 @@ from ..policy import shares as sh
 from ..policy import transfer as tr
 from ..policy.view import LoadView
 from . import decide
+from .moves import keeps_state
 from .records import TaskRecords
 
 S = m.TaskState
@@ -42,7 +43,7 @@ class LoadState:
     peak: loadpol.PeakEstimator
     version: int
     needs: dict[m.TaskId, pl.Needs]
-    state_held: Callable[[m.Task], bool]
+    state_here: set[m.TaskId]
     admission_hook: Callable[[m.TaskSpec], str | None] | None
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
@@ -50,6 +51,19 @@ class LoadState:
         @property
         def guest(self) -> h.GuestSide:
             raise NotImplementedError
+
+    def state_held(self, t: m.Task) -> bool:
+        """Is a queued task's checkpoint (or CRIU image) here? Then it restarts here:
+        placement and transfer move tasks, not their state. The runtime tells the state
+        when that changes (note_state); no decision reads the disk."""
+        return keeps_state(t.spec) and t.id in self.state_here
+
+    def note_state(self, tid: m.TaskId, present: bool) -> None:
+        """The runtime looked: a task's state directory is here (or is gone)."""
+        if present:
+            self.state_here.add(tid)
+        else:
+            self.state_here.discard(tid)
 
     def local_report(self, wall: float) -> m.LoadReport:
         snap = self.ledger.snapshot()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -54,10 +53,11 @@ class Placing:
     jobs: dict[m.TaskId, Job]
     explains: OrderedDict[m.TaskId, list[dict[str, Any]]]
     counters: dict[str, int]
-    state_held: Callable[[m.Task], bool]
     handoffs: Any
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
+
+        def state_held(self, t: m.Task) -> bool: ...
 
         def local_report(self, wall: float) -> m.LoadReport:
             raise NotImplementedError

@@ -40,10 +40,6 @@ from .timers import Timers
 S = m.TaskState
 
 
-def _never(_: m.Task) -> bool:
-    return False
-
-
 @attrs.frozen
 class Settings:
     """How this node decides (the agent's options that the decisions read)."""
@@ -72,7 +68,6 @@ class NodeState(Location, LoadState, Placing, Timers):
         queued: Collection[m.TaskId] = (),
         running: Collection[m.TaskId] = (),
         rng: random.Random | None = None,
-        state_held: Callable[[m.Task], bool] = _never,
         admission_hook: Callable[[m.TaskSpec], str | None] | None = None,
         isolation: str = "none",
         criu: bool = False,
@@ -101,8 +96,7 @@ class NodeState(Location, LoadState, Placing, Timers):
         # why a task may not run on this node at all (its user does not exist here,
         # root tasks are off): the runtime knows the host's users
         self.admission_hook = admission_hook
-        # the last disk read left in a decision: is a task's checkpoint here?
-        self.state_held = state_held
+        self.state_here: set[m.TaskId] = set()  # queued tasks whose state dir is here
         self.isolation = isolation
         self.criu = criu
         self.sample: loadpol.HostSample = unmeasured()

@@ -103,7 +103,6 @@ class Driver(Effects):
             queued=runner.queue,
             running=runner.running,
             rng=rng,
-            state_held=self._state_held,
             admission_hook=admission_hook,
         )
         # measured now; peak usage and Flex follow from the report loop's samples on
@@ -193,8 +192,11 @@ class Driver(Effects):
         self.state.isolation = isolation
         self.state.criu = criu
 
-    def _state_held(self, t: m.Task) -> bool:
-        return self.migrator is not None and self.migrator.holds_state(t)
+    def _look_for_state(self, t: m.Task) -> None:
+        """Tell the state whether a task's state directory is here (a disk read, made
+        when a task comes to be queued here, never inside a decision)."""
+        if self.migrator is not None:
+            self.state.note_state(t.id, self.migrator.holds_state(t))
 
     def _time(self) -> tuple[float, float]:
         return self.clock.now(), self.clock.wall()
@@ -219,6 +221,9 @@ class Driver(Effects):
             nursery.start_soon(self.globals_io.loop)
             self.run_inline(self.state.start_timers(self.clock.now()))
             nursery.start_soon(self._wake_loop)
+            # where a task's state is (checkpoints written before the restart)
+            for t in list(self.table.active.values()):
+                self._look_for_state(t)
             # resume what the journal says was in flight
             for tid in recovery.interrupted_offers(self.table.active, self.state.handoffs):
                 self.table.change(tid, S.QUEUED, "offer interrupted by restart", node=self.node)
@@ -389,6 +394,10 @@ class Driver(Effects):
 
     def on_finished(self, task: m.Task) -> None:
         """A local run ended: terminal, back to the queue (shutdown), or stopped to move."""
+        if task.state in (S.QUEUED, S.MIGRATING):
+            self._look_for_state(task)  # it may have written a checkpoint while it ran
+        else:
+            self.state.note_state(task.id, False)
         now, wall = self._time()
         self.run_inline(self.state.on_ended(task, now, wall))
 

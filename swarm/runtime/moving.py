@@ -191,6 +191,7 @@ class Migrator:
             elif isinstance(i, ev.Log):
                 getattr(self.log, i.level)(i.event, **dict(i.fields))
             elif isinstance(i, mv.RemoveState):
+                self.coord.state.note_state(i.task_id, False)
                 # a tree can be big: a worker thread. Most tasks never made one: one
                 # lstat here saves them the thread round trip
                 path = self.coord.runner.state_dir_of(i.task_id)
@@ -328,8 +329,8 @@ class Migrator:
         await self.source.cancel(tid, cause)
 
     def holds_state(self, t: m.Task) -> bool:
-        """A queued task whose checkpoint is here must restart here, not be placed or
-        transferred without it (placement and transfer move tasks, not their state)."""
+        """Is a task's state directory here (a disk read: the driver asks when a task
+        comes to be queued here and tells the node's state, which decides with it)."""
         return mv.keeps_state(t.spec) and has_state(self.coord.runner.state_dir_of(t.id))
 
     def plan_hook(self, task: m.Task, plan: ProcessPlan) -> ProcessPlan:
@@ -433,6 +434,7 @@ class Migrator:
                     pass
             return
         now = self.clock.now()
+        self.coord.state.note_state(tid, True)  # the task will restart here from it
         self.carry_out(self.book.staged(inc, begin, sender, nbytes, now, self.clock.wall()))
         secs = now - t0
         self.log.info(

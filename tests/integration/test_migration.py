@@ -374,3 +374,23 @@ def test_criu_with_a_working_criu(make_agent: AgentFactory) -> None:
     assert t["state"] == "succeeded" and t["node"] == "p2", t
     # restored, not restarted: one run, which went on where it was
     assert result_line(p1, tid).startswith(f"result={expected()} runs=1 nodes=p1")
+
+
+def test_a_task_requeued_by_a_restart_resumes_where_its_state_is(
+    make_agent: AgentFactory,
+) -> None:
+    """The node's state machine learns where a task's state is when the task comes to
+    be queued (here: the agent stops, the task is re-queued, the agent starts again):
+    placement keeps it here, by that knowledge, not by reading the disk itself."""
+    p1 = make_agent("p1", *LOOP, "--slots", "64")
+    with p1.client() as c:
+        tid = c.submit(ckpt_argv("requeue", "--state-bytes", "4096"), cwd="/", migrate="checkpoint")
+    wait_for(lambda: status(p1, tid)["task"]["state"] == "running", 30, "the task to start")
+    join(make_agent, "p2", p1)  # an idle peer: two choices could pick it
+    time.sleep(1.0)  # its state file is written at start
+    p1.stop()
+    p1.start()
+    t = wait_done(p1, tid)
+    assert t["state"] == "succeeded" and t["node"] == "p1", t
+    outcomes = [str(d.get("outcome", "")) for d in explain(p1, tid)]
+    assert "runs here: its checkpoint is here" in outcomes, outcomes

@@ -102,3 +102,21 @@ def test_7edd1a8_the_random_rule_is_the_one_that_decides() -> None:
     out = state.place("t5", 0.0, 0.0)
     (explain,) = [i for i in out if isinstance(i, ev.Explain)]
     assert "random" in str(explain.record)
+
+
+def test_a_task_whose_checkpoint_is_here_runs_here_and_is_pinned() -> None:
+    """The runtime tells the state where checkpoints are (note_state); placement and
+    transfer read that, never the disk."""
+    a, b = FakeNode("A"), FakeNode("B")
+    _busy(a, 6)
+    _gossip(a, b)
+    spec = a.submit(m.TaskSpec(id="ck", argv=("x",), migrate=m.MigrateMode.CHECKPOINT))
+    a.state.note_state(spec.id, True)
+    out = _flatten(a.state.place("ck", 0.0, 0.0))
+    a.run(out)
+    assert ev.Enqueue("ck") in out
+    assert a.state.explains["ck"][-1]["outcome"] == "runs here: its checkpoint is here"
+    (q,) = [q for q in a.state.queue_view(0.0) if q.id == "ck"]
+    assert q.pinned
+    a.state.note_state(spec.id, False)  # its state went: it is placed like any task
+    assert not next(q for q in a.state.queue_view(0.0) if q.id == "ck").pinned
