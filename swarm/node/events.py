@@ -20,12 +20,10 @@ from ..cluster import handoff as h
 
 @attrs.frozen
 class Record:
-    """A task record changed (already in memory): journal it, wake its waiters, log it.
-    `counted`: a state transition (counted per destination), not an adopted record."""
+    """A task record changed (already in memory): journal it, wake its waiters, log it."""
 
     task: m.Task
     durable: bool = False
-    counted: bool = True
 
 
 @attrs.frozen
@@ -211,8 +209,6 @@ Instruction = (
     | Later
 )
 
-BLOCKING = (Record, Persist, StopRun, StopMove)  # awaited when durable / always
-
 
 def blocks(i: Instruction) -> bool:
     """Does carrying this out need an await (a durable write, a process to stop)?"""
@@ -270,8 +266,17 @@ class CancelRemote(Stimulus):
 
 
 @attrs.frozen
-class HandoffTick(Stimulus):
-    """Retries of both handoff sides, and the expiry of old tombstones."""
+class HandoffReply(Stimulus):
+    """The answer to one of our handoff requests (None: none came)."""
+
+    dest: m.NodeId
+    request: h.Request
+    reply: h.Reply | None
+
+
+@attrs.frozen
+class JobsKicked(Stimulus):
+    """A peer joined: placements waiting on a back-off look again."""
 
 
 @attrs.frozen
@@ -301,12 +306,14 @@ class PeerReport(Stimulus):
 
 Event = (
     Wake
+    | JobsKicked
     | PlaceTask
     | Sampled
+    | PeerReport
     | HandoffOutputs
+    | HandoffReply
     | TaskStarted
     | TaskEnded
     | NodeDead
     | CancelRemote
-    | HandoffTick
 )

@@ -248,7 +248,7 @@ class Location:
         if t is None or t.state is not S.QUEUED:
             t = m.new_task(e.spec, wall, self.node, cause=f"accepted from {e.home}")
             self.records.store(t)
-            out.append(ev.Record(t, counted=False))
+            out.append(ev.Record(t))
         if tid not in self.queued and tid not in self.running:
             out += self.enqueue_local(t, now)
         return out

@@ -136,7 +136,8 @@ class Placing:
                     return self._run_here(t, first, adm, now, wall)
                 first = None  # refused here: the job chooses again (and records a refusal)
         self.jobs[tid] = Job(first=first)
-        return [ev.Later(tuple(self.step(tid, now, wall)))]
+        later = self.step(tid, now, wall)
+        return [ev.Later(tuple(later))] if later else []
 
     def step(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
         """Carry a placement job on as far as it goes now."""

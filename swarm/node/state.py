@@ -127,28 +127,34 @@ class NodeState(Location, LoadState, Placing, Timers):
     # ------------------------------------------------------------- stimuli
 
     def handle(self, *stimuli: ev.Event) -> list[ev.Instruction]:
+        """Apply each stimulus in turn; the instructions of all of them, in order.
+        (Questions that need an answer now, not instructions, are methods: the start
+        gate `can_start`, a peer's request `on_request`, an offer's `offer`.)"""
         out: list[ev.Instruction] = []
         for s in stimuli:
-            if isinstance(s, ev.HandoffOutputs):
-                out += self.apply(s.outputs, s.task_ids, s.now, s.wall)
+            now, wall = s.now, s.wall
+            if isinstance(s, ev.PlaceTask):
+                out += self.place(s.task_id, now, wall)
+            elif isinstance(s, ev.HandoffReply):
+                out += self.on_reply(s.dest, s.request, s.reply, now, wall)
+            elif isinstance(s, ev.HandoffOutputs):
+                out += self.apply(s.outputs, s.task_ids, now, wall)
             elif isinstance(s, ev.TaskStarted):
-                out += self.on_started(s.task, s.now, s.wall)
+                out += self.on_started(s.task, now, wall)
             elif isinstance(s, ev.TaskEnded):
-                out += self.on_ended(s.task, s.now, s.wall)
-            elif isinstance(s, ev.NodeDead):
-                out += self.on_node_dead(s.node, s.now, s.wall)
-            elif isinstance(s, ev.CancelRemote):
-                out += self.cancel_remote(s.task_id, s.now, s.wall)
-            elif isinstance(s, ev.HandoffTick):
-                out += self.tick(s.now, s.wall)
+                out += self.on_ended(s.task, now, wall)
             elif isinstance(s, ev.Wake):
-                out += self.wake_all(s.now, s.wall)
+                out += self.wake_all(now, wall)
+            elif isinstance(s, ev.JobsKicked):
+                out += self.wake(now, wall)
             elif isinstance(s, ev.PeerReport):
-                out += self.on_peer_report(s.report, s.at, s.now, s.wall)
-            elif isinstance(s, ev.PlaceTask):
-                out += self.place(s.task_id, s.now, s.wall)
+                out += self.on_peer_report(s.report, s.at, now, wall)
+            elif isinstance(s, ev.NodeDead):
+                out += self.on_node_dead(s.node, now, wall)
+            elif isinstance(s, ev.CancelRemote):
+                out += self.cancel_remote(s.task_id, now, wall)
             elif isinstance(s, ev.Sampled):
-                self.on_sample(s.sample, s.now)
+                self.on_sample(s.sample, now)
         return out
 
     # ------------------------------------------------------------ helpers
@@ -173,9 +179,6 @@ class NodeState(Location, LoadState, Placing, Timers):
 
     def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]:
         return gate.release_gpu(tid, self.gpus)
-
-    def offer_started(self, tid: m.TaskId) -> None:
-        self.awaiting_offer.add(tid)
 
     # ------------------------------------------------------- local runs
 

@@ -28,6 +28,7 @@ from .. import wire
 from ..cluster import handoff as h
 from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpdated, MemberEvent
 from ..logs import EventLog
+from ..node import events as ev
 from ..node import recovery
 from ..node.loadstate import changed_meaningfully
 from ..node.state import NodeState, Settings
@@ -109,12 +110,13 @@ class Driver(Effects):
         self.state.sample = self.sampler.sample()
         # the migration side and the driver call each other: the driver builds it
         self.migrator: MoveHooks | None = moves(self) if moves is not None else None
-        self.transfers = TransferIO(self, transfer_config, enabled=transfer)
+        self.transfers = TransferIO(self, transfer_config)
         self.globals_io = GlobalTaskIO(self)
         self.reads = PeerReads(table, runner)
         self._nursery: trio.Nursery | None = None
         self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
         self._inflight: set[tuple[m.NodeId, h.Request]] = set()
+        self._seq = 0  # stimuli fed to the state
         self._wake_at = math.inf
         self._wake_kick = trio.Event()
         self._published_at = 0.0
@@ -129,10 +131,6 @@ class Driver(Effects):
         }
 
     # ------------------------------------------------ the state, as others read it
-
-    @property
-    def ledger(self) -> sh.ShareLedger:
-        return self.state.ledger
 
     @property
     def home(self) -> h.HomeSide:
@@ -159,10 +157,6 @@ class Driver(Effects):
         return self.state.explains
 
     @property
-    def pending_cancel(self) -> set[m.TaskId]:
-        return self.state.pending_cancel
-
-    @property
     def sample(self) -> Any:
         return self.state.sample
 
@@ -171,16 +165,8 @@ class Driver(Effects):
         return self.state.rng
 
     @property
-    def d(self) -> int:
-        return self.state.d
-
-    @property
     def transfer(self) -> tr.TransferPolicy:
         return self.transfers.policy
-
-    @property
-    def globals(self) -> sh.GlobalTasks:
-        return self.state.globals
 
     @property
     def counters(self) -> dict[str, int]:
@@ -200,6 +186,11 @@ class Driver(Effects):
 
     def _time(self) -> tuple[float, float]:
         return self.clock.now(), self.clock.wall()
+
+    def _next_id(self) -> str:
+        """A stimulus's id: this node and a sequence number (unique per agent run)."""
+        self._seq += 1
+        return f"{self.node}/{self._seq}"
 
     # ------------------------------------------------------------------ run
 
@@ -229,7 +220,7 @@ class Driver(Effects):
                 self.table.change(tid, S.QUEUED, "offer interrupted by restart", node=self.node)
             for t in list(self.table.active.values()):
                 mine = t.spec.home == self.node and t.node == self.node and not t.spec.is_global
-                if mine and t.state is S.QUEUED and t.id not in self.ledger:
+                if mine and t.state is S.QUEUED and t.id not in self.state.ledger:
                     self.place_soon(t.id)
             task_status.started()
             await trio.sleep_forever()
@@ -244,7 +235,7 @@ class Driver(Effects):
             now, wall = self._time()
             if now >= self._wake_at:
                 self._wake_at = math.inf
-                self.run_inline(self.state.wake_all(now, wall))
+                self.run_inline(self.state.handle(ev.Wake(now, wall, self._next_id())))
 
     # ---------------------------------------------------------- local state
 
@@ -260,7 +251,8 @@ class Driver(Effects):
         moved = self.clock.resync()
         if abs(moved) >= 1.0:
             self.log.warning("clock.stepped", seconds=round(moved, 3))
-        self.state.on_sample(self.sampler.sample(), self.clock.now())
+        now, wall = self._time()
+        self.state.handle(ev.Sampled(now, wall, self._next_id(), self.sampler.sample()))
         report = self.local_report()
         if self._last_published is None or changed_meaningfully(self._last_published, report):
             self.publish_load(report)
@@ -298,7 +290,7 @@ class Driver(Effects):
         if self._nursery is None:
             return
         now, wall = self._time()
-        self.run_inline(self.state.place(tid, now, wall))
+        self.run_inline(self.state.handle(ev.PlaceTask(now, wall, self._next_id(), tid)))
 
     async def explain(self, tid: m.TaskId) -> list[dict[str, Any]]:
         cached = self.state.explains.get(tid)
@@ -330,7 +322,8 @@ class Driver(Effects):
     async def apply(self, outs: list[h.Output], *task_ids: m.TaskId) -> None:
         """Apply handoff outputs: decisions first (journaled), then the sends."""
         now, wall = self._time()
-        await self.execute(self.state.apply(outs, list(task_ids), now, wall))
+        stimulus = ev.HandoffOutputs(now, wall, self._next_id(), tuple(outs), task_ids)
+        await self.execute(self.state.handle(stimulus))
 
     async def _deliver(self, s: h.Send) -> None:
         """Send one handoff request and feed the reply (or its absence) back."""
@@ -351,7 +344,8 @@ class Driver(Effects):
         finally:
             self._inflight.discard((s.dest, req))
         now, wall = self._time()
-        await self.execute(self.state.on_reply(s.dest, req, reply, now, wall))
+        answer = ev.HandoffReply(now, wall, self._next_id(), s.dest, req, reply)
+        await self.execute(self.state.handle(answer))
 
     async def rpc_handoff(
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
@@ -366,7 +360,7 @@ class Driver(Effects):
     async def cancel_remote(self, tid: m.TaskId) -> None:
         """Cancel a task whose home is here and which lives elsewhere (or is in flight)."""
         now, wall = self._time()
-        await self.execute(self.state.cancel_remote(tid, now, wall))
+        await self.execute(self.state.handle(ev.CancelRemote(now, wall, self._next_id(), tid)))
 
     # ------------------------------------------------------- runner hooks
 
@@ -390,7 +384,7 @@ class Driver(Effects):
     def on_started(self, task: m.Task) -> None:
         now, wall = self._time()
         self.state.needs.pop(task.id, None)
-        self.run_inline(self.state.on_started(task, now, wall))
+        self.run_inline(self.state.handle(ev.TaskStarted(now, wall, self._next_id(), task)))
 
     def on_finished(self, task: m.Task) -> None:
         """A local run ended: terminal, back to the queue (shutdown), or stopped to move."""
@@ -399,7 +393,7 @@ class Driver(Effects):
         else:
             self.state.note_state(task.id, False)
         now, wall = self._time()
-        self.run_inline(self.state.on_ended(task, now, wall))
+        self.run_inline(self.state.handle(ev.TaskEnded(now, wall, self._next_id(), task)))
 
     # ------------------------------------------------------------ membership
 
@@ -407,7 +401,8 @@ class Driver(Effects):
         if isinstance(e, LoadUpdated):
             if e.report.node != self.node and self._nursery is not None:
                 now, wall = self._time()
-                self.run_inline(self.state.on_peer_report(e.report, e.at, now, wall))
+                report = ev.PeerReport(now, wall, self._next_id(), e.report, e.at)
+                self.run_inline(self.state.handle(report))
             elif e.report.node != self.node:
                 self.state.view.upsert(e.report, e.at)
         elif isinstance(e, MemberEvent):
@@ -416,7 +411,7 @@ class Driver(Effects):
                 return
             if e.kind in (EventKind.DEAD, EventKind.LEFT):
                 now, wall = self._time()
-                self.run_inline(self.state.on_node_dead(node, now, wall))
+                self.run_inline(self.state.handle(ev.NodeDead(now, wall, self._next_id(), node)))
             elif e.kind is EventKind.JOINED:
                 self._wake_jobs()
                 self.globals_io.kick()
@@ -431,4 +426,4 @@ class Driver(Effects):
         """A peer's report or join: placements waiting on a back-off look again."""
         if self.state.jobs and self._nursery is not None:
             now, wall = self._time()
-            self.run_inline(self.state.wake(now, wall))
+            self.run_inline(self.state.handle(ev.JobsKicked(now, wall, self._next_id())))

@@ -83,7 +83,7 @@ class Effects:
 
     async def _do_blocking(self, i: ev.Instruction) -> None:
         if isinstance(i, ev.Record):
-            self.table.noted(i.task, counted=i.counted)
+            self.table.noted(i.task)
             await self.journal.commit([PutTask(i.task)], must_land=True)
             self.table.wake(i.task.id)
         elif isinstance(i, ev.Persist):
@@ -98,7 +98,7 @@ class Effects:
 
     def _do(self, i: ev.Instruction) -> None:
         if isinstance(i, ev.Record):
-            self.table.noted(i.task, counted=i.counted)
+            self.table.noted(i.task)
             self.journal.enqueue([PutTask(i.task)])
             self.table.wake(i.task.id)
         elif isinstance(i, ev.Persist):

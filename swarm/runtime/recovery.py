@@ -76,7 +76,7 @@ def still_needed(coord: Driver, migrator: Migrator, runner: LocalRunner, tid: m.
     return (
         not c.home.settled(tid)
         or tid in c.guest.entries
-        or tid in c.globals.members
+        or tid in c.state.globals.members
         or tid in runner.running
         or tid in mig.outgoing
         or tid in mig.incoming

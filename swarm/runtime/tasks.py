@@ -19,9 +19,6 @@ from ..node.records import TaskRecords
 from .clock import Clock
 from .journal import DelTask, Journal, Op, PutTask
 
-# Finished tasks stay in memory for fast status/wait; older ones are read from disk.
-RECENT_FINISHED = 20_000
-
 
 class UnknownTask(KeyError):
     pass
@@ -43,7 +40,7 @@ class TaskTable:
         self.clock = clock or journal.clock  # transition times are clock.wall()
         self.node = node
         self.log = log
-        self.records = records if records is not None else TaskRecords(RECENT_FINISHED)
+        self.records = records if records is not None else TaskRecords()
         self._changed: dict[m.TaskId, trio.Event] = {}
 
     @property
@@ -137,7 +134,7 @@ class TaskTable:
         self.journal.enqueue([DelTask(task_id)])
         self._wake(task_id)
 
-    def noted(self, task: m.Task, counted: bool = True) -> None:
+    def noted(self, task: m.Task) -> None:
         """Log a record's latest transition (the node's state machine made it)."""
         last = task.history[-1] if task.history else None
         dst = task.state

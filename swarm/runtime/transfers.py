@@ -43,10 +43,9 @@ S = m.TaskState
 
 
 class TransferIO:
-    def __init__(self, driver: Driver, config: tr.TransferConfig | None, enabled: bool) -> None:
+    def __init__(self, driver: Driver, config: tr.TransferConfig | None) -> None:
         self.driver = driver
         self.policy = tr.TransferPolicy(driver.node, config)
-        self.enabled = enabled
 
     def round(self) -> None:
         """One transfer round (the node's timers say when): what to probe, push, steal."""

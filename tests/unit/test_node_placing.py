@@ -120,3 +120,14 @@ def test_a_task_whose_checkpoint_is_here_runs_here_and_is_pinned() -> None:
     assert q.pinned
     a.state.note_state(spec.id, False)  # its state went: it is placed like any task
     assert not next(q for q in a.state.queue_view(0.0) if q.id == "ck").pinned
+
+
+def test_stimuli_through_handle_give_the_methods_instructions_in_order() -> None:
+    """The driver feeds NodeState.handle(*stimuli); several stimuli at once give each
+    one's instructions in turn."""
+    a = FakeNode("A")
+    for tid in ("h1", "h2"):
+        a.submit(m.TaskSpec(id=tid, argv=("x",)))
+    out = a.state.handle(ev.PlaceTask(0.0, 1.0, "A/1", "h1"), ev.PlaceTask(0.0, 1.0, "A/2", "h2"))
+    assert [i for i in out if isinstance(i, ev.Enqueue)] == [ev.Enqueue("h1"), ev.Enqueue("h2")]
+    assert a.state.handle(ev.PlaceTask(0.0, 1.0, "A/3", "nope")) == []  # nothing to place
