@@ -190,12 +190,39 @@ class Client:
         try:
             self._sock.sendall(frame)
         except OSError as e:
+            # An agent that refuses a connection (too many from one uid) answers
+            # before reading the request and closes; the answer is still queued
+            # on our side, and it says why, which "broken pipe" does not.
+            if self._read_refusal():
+                return
             self.close()
             raise AgentUnreachable(self.path, f"connection lost: {e}") from None
 
-    def _recv(self) -> dict[str, Any]:
+    def _read_refusal(self) -> bool:
+        """After a failed send, take a reply the agent queued before it closed."""
         assert self._sock is not None
+        data = b""
+        try:
+            self._sock.setblocking(False)
+            while chunk := self._sock.recv(1 << 16):
+                data += chunk
+        except OSError:
+            pass
+        try:
+            self._pending.extend(self._decoder.feed(data))
+        except wire.WireError:
+            return False
+        if not self._pending:
+            return False
+        self._sock.close()
+        self._sock = None
+        self._decoder = wire.FrameDecoder()
+        return True
+
+    def _recv(self) -> dict[str, Any]:
         while not self._pending:
+            if self._sock is None:
+                raise AgentUnreachable(self.path, "the agent closed the connection")
             try:
                 data = self._sock.recv(1 << 16)
             except TimeoutError:
