@@ -186,6 +186,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         extra["migrate"] = args.migrate
     if args.expected_runtime is not None:
         extra["expected_runtime"] = args.expected_runtime
+    if args.priority:
+        extra["priority"] = args.priority
+    if args.group:
+        extra["group"] = args.group
     gpu = _gpu_request(args)
     if gpu is not None:
         extra["gpu"] = gpu
@@ -662,6 +666,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--migrate", choices=["never", "checkpoint", "restart", "criu"], help="migration mode"
     )
     s.add_argument("--expected-runtime", type=float, metavar="SECONDS", help="expected run time")
+    s.add_argument(
+        "--priority",
+        metavar="CLASS",
+        help="priority class (default classes: low, normal, high, system; higher runs first"
+        " and may preempt lower)",
+    )
+    s.add_argument("--group", metavar="NAME", help="accounting group (default: your primary group)")
     s.add_argument("--wait", action="store_true", help="wait and exit with the task's exit code")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import limits as lim
 from . import model as m
+from .model import GROUP_RULE, MAX_PRIORITY, valid_group_name
 from .wire import Fields, SchemaError
 
 
@@ -48,6 +50,8 @@ def task_spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
         "expected_runtime": s.expected_runtime,
         "submitted_at": s.submitted_at,
         "home": s.home,
+        "priority": s.priority,
+        "group": s.group,
     }
 
 
@@ -76,6 +80,8 @@ def task_spec_from_wire(obj: Any) -> m.TaskSpec:
         expected_runtime=f.float("expected_runtime", lo=0.0),
         submitted_at=f.float("submitted_at", 0.0),
         home=f.str("home", ""),
+        priority=f.int("priority", m.DEFAULT_PRIORITY, lo=-MAX_PRIORITY, hi=MAX_PRIORITY),
+        group=group_name(f.str("group", "", max_len=64), "task"),
     )
     f.done()
     return spec
@@ -179,6 +185,9 @@ def load_report_to_wire(r: m.LoadReport) -> dict[str, Any]:
         "gpus": [gpu_free_to_wire(g) for g in r.gpus],
         "isolation": r.isolation,
         "criu": r.criu,
+        "bands": [list(b) for b in r.bands],
+        "groups": [list(g) for g in r.groups],
+        "usage": [list(u) for u in r.usage],
     }
 
 
@@ -203,9 +212,82 @@ def load_report_from_wire(obj: Any) -> m.LoadReport:
         gpus=tuple(gpu_free_from_wire(x) for x in f.list("gpus")),
         isolation=f.str("isolation", "none", max_len=32),
         criu=f.bool("criu", False),
+        bands=_bands(f.list("bands")),
+        groups=_groups(f.list("groups")),
+        usage=_usage(f.list("usage")),
     )
     f.done()
     return r
+
+
+def group_name(name: str, what: str) -> str:
+    if name and not valid_group_name(name):
+        raise SchemaError(f"{what}: invalid group {name!r:.70}: a group name {GROUP_RULE}")
+    return name
+
+
+def _bands(obj: list[Any]) -> tuple[tuple[int, float], ...]:
+    if len(obj) > lim.MAX_REPORT_BANDS:
+        raise SchemaError(f"load report: bands: more than {lim.MAX_REPORT_BANDS}")
+    out = []
+    for b in obj:
+        if (
+            not isinstance(b, list | tuple)
+            or len(b) != 2
+            or not _is_int(b[0])
+            or not _is_num(b[1])
+            or not -MAX_PRIORITY <= b[0] <= MAX_PRIORITY
+        ):
+            raise SchemaError(f"load report: bands: expected [priority, weight], got {b!r:.60}")
+        out.append((int(b[0]), float(b[1])))
+    return tuple(out)
+
+
+def _groups(obj: list[Any]) -> tuple[tuple[str, int, int], ...]:
+    if len(obj) > lim.MAX_REPORT_GROUPS:
+        raise SchemaError(f"load report: groups: more than {lim.MAX_REPORT_GROUPS}")
+    out = []
+    for g in obj:
+        if (
+            not isinstance(g, list | tuple)
+            or len(g) != 3
+            or not isinstance(g[0], str)
+            or not valid_group_name(g[0])
+            or not all(_is_int(x) and x >= 0 for x in g[1:])
+        ):
+            raise SchemaError(
+                f"load report: groups: expected [group, queued, running], got {g!r:.60}"
+            )
+        out.append((g[0], int(g[1]), int(g[2])))
+    return tuple(out)
+
+
+def _usage(obj: list[Any]) -> tuple[tuple[str, float, float, float, float], ...]:
+    if len(obj) > lim.MAX_REPORT_PRINCIPALS:
+        raise SchemaError(f"load report: usage: more than {lim.MAX_REPORT_PRINCIPALS}")
+    out = []
+    for u in obj:
+        if (
+            not isinstance(u, list | tuple)
+            or len(u) != 5
+            or not isinstance(u[0], str)
+            or not 0 < len(u[0]) <= 80
+            or not all(_is_num(x) and 0 <= x < 1e30 for x in u[1:])
+        ):
+            raise SchemaError(
+                f"load report: usage: expected [principal, slot_s, cpu_s, mem_s, gpu_s],"
+                f" got {u!r:.60}"
+            )
+        out.append((u[0], float(u[1]), float(u[2]), float(u[3]), float(u[4])))
+    return tuple(out)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and x == x
 
 
 def member_to_wire(mb: m.Member) -> dict[str, Any]:

@@ -21,6 +21,8 @@ import attrs
 
 from .options import OPTIONS, OPTIONS_BY_NAME, Option, parse_duration
 from .paths import default_paths as _default_paths
+from .policy.sharing import Sharing, SharingError
+from .policy.sharing import parse as parse_sharing
 
 
 class ConfigError(Exception):
@@ -127,7 +129,16 @@ class Config:
     gpus: list[Any]
     placement: str
     transfer: bool
+    priorities: dict[str, Any]
+    default_priority: str
+    groups: dict[str, Any]
+    preempt: bool
+    preempt_min_gap: int
+    preempt_per_minute: int
+    fair_share_half_life: str
+    quota_floor: float
     config_file: Path | None = None
+    sharing: Sharing = attrs.field(factory=Sharing)
 
     @property
     def keep_finished_s(self) -> float:
@@ -221,4 +232,20 @@ def load_config(
         raise ConfigError("socket", f"path too long for a Unix socket ({values['socket']})")
     if not isinstance(values["gpus"], list):
         raise ConfigError("gpus", "must be a list of tables ([[gpus]])")
-    return Config(config_file=cfg_file, **values)
+    for key in ("priorities", "groups"):
+        if not isinstance(values[key], dict):
+            raise ConfigError(key, f"must be a table ([{key}])")
+    try:
+        sharing = parse_sharing(
+            values["priorities"],
+            values["groups"],
+            default_class=values["default_priority"],
+            preempt=values["preempt"],
+            preempt_min_gap=values["preempt_min_gap"],
+            preempt_per_minute=values["preempt_per_minute"],
+            half_life=parse_duration(values["fair_share_half_life"]) or 86_400.0,
+            quota_floor=values["quota_floor"],
+        )
+    except SharingError as e:
+        raise ConfigError(e.key, e.message) from None
+    return Config(config_file=cfg_file, sharing=sharing, **values)

@@ -15,3 +15,9 @@ MAX_RESERVE_SHARES = 1 << 31
 MAX_CPU = 1e5  # cores
 MAX_MEM = 1 << 60  # bytes (1 EiB): larger is a typo, not a machine
 MAX_EXPECTED_RUNTIME = 1e9  # seconds (~31 years)
+MAX_REPORT_BANDS = 8  # priority values in one load report (it must fit a datagram)
+MAX_REPORT_GROUPS = 8  # accounting groups in one load report (the busiest)
+MAX_REPORT_PRINCIPALS = 12  # usage entries in one load report (the rest summed)
+# bytes the three fields above may take (a load report must fit its share of a
+# 1,400-byte gossip datagram, about 660 bytes, next to up to 8 GPUs' summaries)
+REPORT_SHARE_BYTES = 300

@@ -19,6 +19,15 @@ NodeId = str
 TaskId = str
 
 DEFAULT_SHARES = 1024
+DEFAULT_PRIORITY = 50  # the value of the default class, `normal` (policy/sharing.py)
+MAX_PRIORITY = 1_000_000  # |priority| bound
+_GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
+GROUP_RULE = "starts with a letter or '_' and holds at most 64 letters, digits, '_', '.', '-'"
+
+
+def valid_group_name(name: str) -> bool:
+    """An accounting group's or priority class's name: data, never a path."""
+    return bool(_GROUP_NAME.match(name))
 
 
 def new_task_id() -> TaskId:
@@ -157,6 +166,8 @@ class TaskSpec:
     expected_runtime: float | None = None
     submitted_at: float = 0.0
     home: NodeId = ""  # the node the task was submitted at; owns its record
+    priority: int = DEFAULT_PRIORITY  # its class's value (higher runs first; policy/sharing.py)
+    group: str = ""  # accounting group (fair share, quotas); "" = none given
 
 
 def same_submission(a: TaskSpec, b: TaskSpec) -> bool:
@@ -300,6 +311,13 @@ class LoadReport:
     gpus: tuple[GpuDeviceFree, ...] = ()
     isolation: str = "none"  # cgroup2 | cgroup1 | none
     criu: bool = False
+    # issue 20, each bounded (limits.py): weight queued or running here per priority
+    # value (so urgent work is not repelled by preemptible work); per accounting group,
+    # slots queued and running (quota demand); this node's decayed usage per principal
+    # (user, or "group:NAME") as (principal, slot-s, cpu-s, mem byte-s, gpu unit-s)
+    bands: tuple[tuple[int, float], ...] = ()
+    groups: tuple[tuple[str, int, int], ...] = ()
+    usage: tuple[tuple[str, float, float, float, float], ...] = ()
 
     @property
     def draining(self) -> bool:

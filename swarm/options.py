@@ -136,6 +136,39 @@ OPTIONS: tuple[Option, ...] = (
         "gpus", "raw", [], "declared GPU devices (list of tables) for hosts without NVML", cli=False
     ),
     Option("transfer", "bool", True, "move queued tasks between nodes (sender/receiver)"),
+    # sharing a fleet (issue 20; swarm/policy/sharing.py)
+    Option(
+        "priorities",
+        "raw",
+        {},
+        "priority classes: a table of name = value (default low 10, normal 50, high 100,"
+        " system 1000)",
+        cli=False,
+    ),
+    Option("default-priority", "str", "normal", "the class of a task that names none"),
+    Option("groups", "raw", {}, "accounting groups: [groups.NAME] tables", cli=False),
+    Option("preempt", "bool", True, "stop lower-class work when a higher class cannot start"),
+    Option(
+        "preempt-min-gap", "int", 1, "a task preempts only classes this far below it", _positive
+    ),
+    Option(
+        "preempt-per-minute", "int", 30, "at most this many preemptions a minute", _non_negative
+    ),
+    Option(
+        "fair-share-half-life",
+        "str",
+        "1d",
+        "how fast past usage is forgotten by fair share (a duration)",
+        _duration,
+    ),
+    Option(
+        "quota-floor",
+        "float",
+        0.0,
+        "slots a node may always start for a capped group it has demand for (each such"
+        " node may then overshoot the cap by this much)",
+        _non_negative,
+    ),
 )
 
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

@@ -7,6 +7,7 @@ SchemaError whose message says which field and why, which the client shows as is
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from . import codec, wire
 from . import limits as lim
@@ -50,8 +51,13 @@ def submit_spec(
     user: str | None,
     home: m.NodeId,
     now: float,
+    classes: Mapping[str, int] | None = None,
+    default_class: str = "normal",
+    default_group: str = "",
 ) -> m.TaskSpec:
-    """Build the TaskSpec of a submit request. The caller's identity is not the client's say."""
+    """Build the TaskSpec of a submit request. The caller's identity is not the client's
+    say. `classes` are the priority classes (name -> value); the class and group are
+    data checked here by name; who may use them is the caller's check."""
     argv = f.str_list("argv", required=True, max_items=65536)
     if not argv:
         raise wire.SchemaError("submit: argv must not be empty (give a command after --)")
@@ -108,6 +114,16 @@ def submit_spec(
     expected = f.float("expected_runtime", None)
     if expected is not None and not 0 < expected <= lim.MAX_EXPECTED_RUNTIME:
         raise wire.SchemaError("submit: expected_runtime must be > 0 and <= 1e9 seconds")
+    classes = classes if classes is not None else {"normal": m.DEFAULT_PRIORITY}
+    pclass = f.str("priority", None, max_len=64) or default_class
+    priority = classes.get(pclass)
+    if priority is None:
+        raise wire.SchemaError(
+            f"submit: unknown priority class {pclass!r:.70} (one of {', '.join(classes)})"
+        )
+    group = f.str("group", None, max_len=64) or default_group
+    if group and not m.valid_group_name(group):
+        raise wire.SchemaError(f"submit: invalid group {group!r:.70}: a group name {m.GROUP_RULE}")
     spec = m.TaskSpec(
         id=task_id,
         argv=tuple(argv),
@@ -128,6 +144,8 @@ def submit_spec(
         expected_runtime=expected,
         submitted_at=now,
         home=home,
+        priority=priority,
+        group=group,
     )
     f.done()
     return spec

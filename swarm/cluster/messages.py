@@ -172,6 +172,9 @@ _LOAD_SHORT: Mapping[str, str] = {
     "gpus": "g",
     "isolation": "i",
     "criu": "cr",
+    "bands": "b",
+    "groups": "gr",
+    "usage": "us",
 }
 _LOAD_DEFAULTS: Mapping[str, Any] = model_codec.load_report_to_wire(
     m.LoadReport(node="", version=0)

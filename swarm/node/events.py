@@ -81,6 +81,16 @@ class StopRun:
 
 
 @attrs.frozen
+class Preempt:
+    """Stop a running task for a higher class; it goes back to this node's queue as a
+    retry (`cause` in its history). A checkpointing task is asked to checkpoint first."""
+
+    task_id: m.TaskId
+    cause: str
+    checkpoint: bool = False
+
+
+@attrs.frozen
 class StopMove:
     """Cancel a migration in progress."""
 
@@ -192,6 +202,7 @@ Instruction = (
     | Dequeue
     | StopRun
     | StopMove
+    | Preempt
     | MoveHook
     | Place
     | OfferOutcome

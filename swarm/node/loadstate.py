@@ -45,8 +45,12 @@ class LoadState:
     needs: dict[m.TaskId, pl.Needs]
     state_here: set[m.TaskId]
     admission_hook: Callable[[m.TaskSpec], str | None] | None
+    share_cache: tuple[float, dict[str, Any]] | None
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
+
+        def share_fields(self, wall: float) -> dict[str, Any]:
+            raise NotImplementedError
 
         @property
         def guest(self) -> h.GuestSide:
@@ -88,7 +92,16 @@ class LoadState:
             isolation=self.isolation,
             criu=self.criu,
             gpus=self.gpus.summary(),
+            **self.shared_fields(wall),
         )
+
+    def shared_fields(self, wall: float) -> dict[str, Any]:
+        """The report's bands, groups and usage (runqueue.py), refreshed at most every
+        quarter second: placement builds a local report per task."""
+        c = self.share_cache
+        if c is None or not 0 <= wall - c[0] < 0.25:
+            c = self.share_cache = (wall, self.share_fields(wall))
+        return c[1]
 
     def on_sample(self, sample: loadpol.HostSample, now: float) -> None:
         """A fresh host measurement: peak usage and Flex's over-commit factor follow."""

@@ -14,7 +14,7 @@ reads them through the two live collections it is given (`queued`, `running`).
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -22,10 +22,12 @@ import attrs
 
 from .. import model as m
 from ..cluster import handoff as h
+from ..policy import fairness as fair
 from ..policy import gpu as gpupol
 from ..policy import load as loadpol
 from ..policy import placement as pl
 from ..policy import shares as sh
+from ..policy.sharing import Sharing
 from ..policy.view import LoadView
 from . import events as ev
 from . import gate
@@ -34,6 +36,7 @@ from .location import Location
 from .placing import Job, Placing
 from .records import TaskRecords
 from .recovery import Handoffs
+from .runqueue import RunQueue
 from .shares import ShareChanges
 from .timers import Timers
 
@@ -54,9 +57,10 @@ class Settings:
     transfer_interval: float | None = None  # None: no work transfer
     migration_period: float | None = None  # None: no migration side
     breaks: frozenset[str] = frozenset()  # TEST-ONLY chaos switches (testbreak.py)
+    sharing: Sharing = attrs.field(factory=Sharing)  # priorities, groups, quotas, fair share
 
 
-class NodeState(Location, LoadState, Placing, Timers):
+class NodeState(Location, LoadState, Placing, Timers, RunQueue):
     def __init__(
         self,
         node: m.NodeId,
@@ -114,6 +118,12 @@ class NodeState(Location, LoadState, Placing, Timers):
         self.decided: list[tuple[m.TaskId, bool, str]] = []  # offers decided, for jobs
         self.depth = 0  # nesting of apply(): decided offers go on after the outermost
         self.arrived: dict[m.TaskId, float] = {}  # when a queued task arrived (trio time)
+        self.sharing = settings.sharing
+        self.used: dict[str, fair.Decayed] = {}
+        self.used_at = 0.0
+        self.preempted_at: deque[float] = deque()
+        self.preempting: dict[m.TaskId, m.TaskId] = {}
+        self.share_cache: tuple[float, dict[str, Any]] | None = None
         self.counters: dict[str, int] = {
             "placements": 0,
             "placed_local": 0,
@@ -122,6 +132,7 @@ class NodeState(Location, LoadState, Placing, Timers):
             "offers_failed": 0,
             "requeued_dead": 0,
             "lost": 0,
+            "preempted": 0,
         }
 
     # ------------------------------------------------------------- stimuli
@@ -173,6 +184,8 @@ class NodeState(Location, LoadState, Placing, Timers):
         )
 
     def can_start(self, task: m.Task) -> tuple[str | None, list[ev.Instruction]]:
+        if task.spec.group and (why := self.quota_refusal(task.spec)) is not None:
+            return why, []
         return gate.can_start(
             task, self.node, self.guest, self.ledger, self.gpus, self.gpu_policy, self.breaks
         )
@@ -183,6 +196,7 @@ class NodeState(Location, LoadState, Placing, Timers):
     # ------------------------------------------------------- local runs
 
     def on_started(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
+        self.accrue(wall)  # usage so far, before this task counts
         out: list[ev.Instruction] = []
         lt = self.ledger.get(task.id)
         if lt is not None and not lt.running:  # normally taken by the gate already
@@ -204,7 +218,10 @@ class NodeState(Location, LoadState, Placing, Timers):
         return out
 
     def on_ended(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
-        """A local run ended: terminal, back to the queue (shutdown), or stopped to move."""
+        """A local run ended: terminal, back to the queue (shutdown, preempted), or
+        stopped to move."""
+        self.accrue(wall)
+        self.preempt_ended(task.id)
         if task.state is S.MIGRATING:
             lt = self.ledger.get(task.id)
             if lt is not None and lt.running:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import model as m
 from ..policy import shares as sh
+from ..policy.sharing import Sharing
 from ..policy.view import LoadView
 from . import events as ev
 
@@ -31,6 +32,7 @@ class Timers:
     globals: sh.GlobalTasks
     view: LoadView
     jobs: dict[m.TaskId, Any]
+    sharing: Sharing
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -87,6 +89,12 @@ class Timers:
         out: list[ev.Instruction] = []
         if report.shares > 0 and prev is not None and prev.report.shares <= 0:
             out.append(ev.SyncGlobals())
+        if (
+            prev is not None
+            and report.groups != prev.report.groups
+            and any(g.quota_max is not None for g in self.sharing.groups)
+        ):
+            out.append(ev.KickRunner())  # a capped group's share may have freed up here
         for tid in list(self.jobs):
             out += self.step(tid, now, wall)
         return out

@@ -157,6 +157,14 @@ def _order_key(e: OriginUsage) -> tuple[object, ...]:
     return tuple((p, d.at, d.value.as_tuple()) for p, d in e.usage)
 
 
+def bounded(
+    usage: Mapping[Principal, Decayed], half_life: float, now: float, limit: int
+) -> dict[Principal, Decayed]:
+    """`usage` as of `now`, at most `limit` principals: the largest, plus OTHERS
+    holding the sum of the rest (nothing is dropped)."""
+    return _bounded(usage, half_life, now, limit)
+
+
 def _bounded(
     usage: Mapping[Principal, Decayed], half_life: float, now: float, limit: int
 ) -> dict[Principal, Decayed]:

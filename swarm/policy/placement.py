@@ -20,7 +20,15 @@ from typing import Any
 
 import attrs
 
-from swarm.model import GpuDeviceFree, GpuRequest, LoadReport, NodeId, TaskId, TaskSpec
+from swarm.model import (
+    DEFAULT_PRIORITY,
+    GpuDeviceFree,
+    GpuRequest,
+    LoadReport,
+    NodeId,
+    TaskId,
+    TaskSpec,
+)
 
 from .gpu import fits_summary, largest_free_slice
 from .load import Capacity, FlexState, Usage, flex_refusal, free_shares, projected_load
@@ -41,6 +49,7 @@ class Needs:
     cpu: float | None = None
     mem: int | None = None
     gpu: GpuRequest | None = None
+    priority: int = DEFAULT_PRIORITY
 
     @classmethod
     def of(cls, spec: TaskSpec) -> Needs:
@@ -51,6 +60,7 @@ class Needs:
             cpu=spec.cpu,
             mem=spec.mem,
             gpu=spec.gpu,
+            priority=spec.priority,
         )
 
 
@@ -102,9 +112,23 @@ def refusal(r: LoadReport, needs: Needs) -> Refusal | None:
 
 
 def needs_projected(r: LoadReport, needs: Needs) -> float:
+    """The node's load with the task, not counting work the task would preempt there
+    (weight of lower priorities, from the report's bands): urgent work is not repelled
+    by a node full of preemptible work."""
     return projected_load(
-        r.weight_sum, r.shares, r.reserved_shares, needs.weight, needs.reserve_shares
+        r.weight_sum - preemptible_weight(r, needs.priority),
+        r.shares,
+        r.reserved_shares,
+        needs.weight,
+        needs.reserve_shares,
     )
+
+
+def preemptible_weight(r: LoadReport, priority: int) -> float:
+    """Weight queued or running at `r`'s node at a priority below `priority`."""
+    if not r.bands or r.bands[0][0] >= priority:
+        return 0.0
+    return sum(w for p, w in r.bands if p < priority)
 
 
 # -------------------------------------------------------------------- explain

@@ -47,3 +47,29 @@ def overshoot_bound(cap: float, floor: float, unseen_nodes: int) -> float:
     """The most the group can run above `cap` cluster-wide while `unseen_nodes` nodes'
     demand has not reached the others (each may start up to `floor` on its own)."""
     return min(floor, cap) * max(unseen_nodes, 0)
+
+
+def whole_slots(cap: float, node: str, demand: Mapping[str, float]) -> int:
+    """This node's whole slots of an integer cap split by `demand`, by the largest
+    remainder (ties to the node named first): nodes that see the same demand give
+    out exactly `floor(cap)` slots in all, and each node never more than its demand.
+    A fractional split (0.7 slots on each of three nodes) would start nothing."""
+    total_slots = int(cap + 1e-9)
+    want = {n: max(d, 0.0) for n, d in demand.items() if d > 0}
+    total = sum(want.values())
+    if node not in want or total <= 0 or total_slots <= 0:
+        return 0
+    exact = {n: total_slots * d / total for n, d in want.items()}
+    given = {n: min(int(x), int(want[n])) for n, x in exact.items()}
+    left = total_slots - sum(given.values())
+    order = sorted(want, key=lambda n: (-(exact[n] - int(exact[n])), n))
+    while left > 0:
+        moved = False
+        for n in order:
+            if left > 0 and given[n] < want[n]:
+                given[n] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            break
+    return given[node]

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from swarm import codec, wire
-from swarm.model import LoadReport, NodeId, TaskId, TaskSpec
+from swarm.model import DEFAULT_PRIORITY, MAX_PRIORITY, LoadReport, NodeId, TaskId, TaskSpec
 
 from .load import UNIT, report_load
 from .placement import Needs, needs_projected, refusal
@@ -601,6 +601,7 @@ def needs_to_wire(n: Needs) -> dict[str, Any]:
         "cpu": n.cpu,
         "mem": n.mem,
         "gpu": None if n.gpu is None else codec.gpu_request_to_wire(n.gpu),
+        "priority": n.priority,
     }
 
 
@@ -613,6 +614,7 @@ def needs_from_wire(obj: Any) -> Needs:
         cpu=f.float("cpu", lo=0.0, hi=1e6),
         mem=f.int("mem", lo=0),
         gpu=f.nested("gpu", codec.gpu_request_from_wire),
+        priority=f.int("priority", DEFAULT_PRIORITY, lo=-MAX_PRIORITY, hi=MAX_PRIORITY),
     )
     f.done()
     return n

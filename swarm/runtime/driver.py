@@ -371,6 +371,30 @@ class Driver(Effects):
         self.run_inline(instrs)
         return why
 
+    def run_order(self) -> list[m.TaskId]:
+        """The run queue in start order (priority, fair share, arrival)."""
+        _, wall = self._time()
+        return self.state.run_order(self.fair_view(wall))
+
+    def fair_view(self, wall: float) -> Any:
+        """Cluster-wide usage per principal and capacity, for the queue's order."""
+        return self.state.fair_view(wall, self.state.local_report(wall))
+
+    def queue_explain(self, tid: m.TaskId) -> dict[str, Any] | None:
+        """Where a queued task stands in this node's order, and why (None: not queued)."""
+        if tid not in self.runner.queue:
+            return None
+        now, wall = self._time()
+        out = self.state.queue_explain(tid, self.fair_view(wall))
+        if out is not None:
+            out["view_age"] = self.state.view_age(now)
+        return out
+
+    def on_full(self, tid: m.TaskId) -> None:
+        """Every slot is taken and `tid` waits: preempt lower classes for it, maybe."""
+        now, wall = self._time()
+        self.run_inline(self.state.preempt_for(tid, now, wall))
+
     def release_gpu(self, tid: m.TaskId) -> None:
         self.run_inline(self.state.release_gpu(tid))
 

@@ -105,13 +105,14 @@ class Effects:
             self.journal.enqueue(_kv_ops(i.ops))
         elif isinstance(i, ev.Enqueue):
             if i.front:
-                self.runner.queue.appendleft(i.task_id)
-                self.runner.kick()
+                self.runner.requeue_front(i.task_id)
             else:
                 self.runner.enqueue(i.task_id)
+        elif isinstance(i, ev.Preempt):
+            if self._nursery is not None:
+                self._nursery.start_soon(self.runner.preempt, i.task_id, i.cause, i.checkpoint)
         elif isinstance(i, ev.Requeue):
-            self.runner.queue.appendleft(i.task_id)
-            self.runner.kick()
+            self.runner.requeue_front(i.task_id)
         elif isinstance(i, ev.Dequeue):
             try:
                 self.runner.queue.remove(i.task_id)

@@ -12,6 +12,7 @@ caller; `Shares` changes the node's shares (drain, undrain).
 from __future__ import annotations
 
 import functools
+import grp
 import os
 import pwd
 from collections.abc import AsyncIterator, Callable
@@ -102,12 +103,29 @@ class LocalOps:
     async def op_submit(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         if not self.accepting:
             raise RequestError("unavailable", "agent is shutting down; not accepting tasks")
+        sharing = self.coord.state.sharing
+        user = _user_name(cred.uid)
+        primary, member_of = _unix_groups(cred.uid, cred.gid, user, self.clock.now())
         spec = request_checks.submit_spec(
-            f, uid=cred.uid, user=_user_name(cred.uid), home=self.node, now=self.clock.wall()
+            f,
+            uid=cred.uid,
+            user=user,
+            home=self.node,
+            now=self.clock.wall(),
+            classes=dict(sharing.classes),
+            default_class=sharing.default_class,
+            default_group=primary,
         )
         refusal = self.identities.submit_refusal(cred.uid, spec.user)
         if refusal is not None:
             raise RequestError("permission_denied", refusal)
+        refusal = (
+            sharing.may_use_group(spec.user, cred.uid, spec.group, member_of)
+            if spec.group
+            else None
+        ) or sharing.may_use_priority(cred.uid, spec.group, spec.priority)
+        if refusal is not None:
+            raise RequestError("permission_denied", f"submit: {refusal}")
         never = self._unsatisfiable(spec)
         if never is not None:
             raise RequestError("unsatisfiable", f"submit: {never}")
@@ -334,14 +352,19 @@ class LocalOps:
     async def _explain_all(self, t: m.Task) -> list[dict[str, Any]]:
         """The home's decisions, plus why the executing node has not started it yet."""
         out = await self._explain(t.id)
-        if t.node not in ("", self.node) and not t.state.terminal:
+        if t.node not in ("", self.node):
+            # the executing node's own decisions (why it waits there, a preemption);
+            # for a finished task only if that node answers at once
             try:
                 r = await self.cluster.request(
-                    t.node, {"op": "explain", "id": t.id, "local": True}, timeout=3.0
+                    t.node,
+                    {"op": "explain", "id": t.id, "local": True},
+                    timeout=1.0 if t.state.terminal else 3.0,
                 )
                 out += [{**d, "node": t.node} for d in r.get("decisions", [])]
             except (TransportError, RemoteError) as e:
-                out.append({"at": self.clock.wall(), "outcome": f"cannot ask {t.node}: {e}"})
+                if not t.state.terminal:
+                    out.append({"at": self.clock.wall(), "outcome": f"cannot ask {t.node}: {e}"})
         return out
 
     async def _explain(self, tid: m.TaskId) -> list[dict[str, Any]]:
@@ -349,6 +372,9 @@ class LocalOps:
         blocked = self.runner.blocked.get(tid)
         if blocked:
             out.append({"at": self.clock.wall(), "outcome": "queued here, not started: " + blocked})
+        where = self.coord.queue_explain(tid)
+        if where is not None:
+            out.append({"at": self.clock.wall(), "outcome": _queue_line(where), "queue": where})
         return out
 
     async def rpc_explain(
@@ -563,6 +589,51 @@ class Shares:
             ) from None
         self.coord.run_inline(self.changes.landed(change.seq))
         return self.changes.answer()
+
+
+def _queue_line(q: dict[str, Any]) -> str:
+    """Why a queued task waits here, in one line (node/runqueue.py's queue_explain)."""
+    line = (
+        f"queued here: position {q['position']} of {q['queued']}"
+        f" ({q['ahead_higher_priority']} ahead of higher priority); priority {q['priority']},"
+        f" {q['user']}'s dominant share {q['user_dominant_share']:.4f}"
+        f" (usage gossiped up to {q['view_age']:.1f}s ago)"
+    )
+    if q.get("quota"):
+        line += "; " + str(q["quota"])
+    return line
+
+
+_GROUPS: dict[int, tuple[float, str, frozenset[str]]] = {}
+
+
+def _unix_groups(uid: int, gid: int, user: str | None, now: float) -> tuple[str, frozenset[str]]:
+    """The caller's primary group name (the default accounting group) and every group
+    they belong to, cached for a minute (NSS lookups are slow; membership changes
+    reach the agent within that minute)."""
+    hit = _GROUPS.get(uid)
+    if hit is not None and now - hit[0] < 60.0:
+        return hit[1], hit[2]
+    try:
+        primary_gid = pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        primary_gid = gid
+    try:
+        primary = grp.getgrgid(primary_gid).gr_name
+    except KeyError:
+        primary = ""
+    names = {primary} if primary else set()
+    if user:
+        try:
+            names |= {grp.getgrgid(g).gr_name for g in os.getgrouplist(user, primary_gid)}
+        except (KeyError, OSError):
+            pass
+    if not m.valid_group_name(primary):
+        primary = ""  # a name we would refuse as data: no default group
+    if len(_GROUPS) > 4096:
+        _GROUPS.clear()
+    _GROUPS[uid] = (now, primary, frozenset(names))
+    return primary, frozenset(names)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -262,7 +262,7 @@ class MoveSource:
         if tid not in d.state.ledger:
             d.state.ledger.add(t.spec)
         if tid not in d.runner.queue:
-            d.runner.queue.appendleft(tid)
+            d.runner.requeue_front(tid)
         d.runner.kick()
         d.load_changed()
 

@@ -1,4 +1,4 @@
-"""Runs the tasks queued on this node, at most `slots` at a time, in FIFO order.
+"""Runs the tasks queued on this node, at most `slots` at a time, in the node's order.
 
 The runner owns the local run queue and the processes; every state change goes
 through the TaskTable (journal first). On shutdown it terminates its processes and
@@ -37,6 +37,13 @@ ExitHook = Callable[[m.Task, ProcessPlan, ProcessResult], Awaitable["str | None"
 StartGate = Callable[[m.Task], "str | None"]
 # Told about runs: started (state RUNNING) and ended (terminal, or QUEUED again).
 RunHook = Callable[[m.Task], None]
+# The queue in start order (priority, fair share, arrival: node/runqueue.py).
+OrderHook = Callable[[], "list[m.TaskId]"]
+# Every slot is taken and this task waits first: the node may preempt for it.
+FullHook = Callable[[m.TaskId], None]
+
+
+S_RUNNING = m.TaskState.RUNNING
 
 
 class PlanRefused(Exception):
@@ -69,6 +76,10 @@ class LocalRunner:
         on_finished: RunHook | None = None,
         exit_hook: ExitHook | None = None,
         checkpoint_exit_code: int = 85,
+        order: OrderHook | None = None,
+        on_full: FullHook | None = None,
+        checkpoint_timeout: float = 30.0,
+        checkpoint_signal: int = 10,  # SIGUSR1
     ) -> None:
         self.table = table
         self.executor = executor
@@ -90,6 +101,15 @@ class LocalRunner:
         # kills or dumps them): their end is "stopped to move", not a failure
         self.migrating: dict[m.TaskId, m.MigrateMode] = {}
         self.checkpoint_exit_code = checkpoint_exit_code  # "checkpointed, move me"
+        self.order = order
+        self.checkpoint_timeout = checkpoint_timeout
+        self.checkpoint_signal = checkpoint_signal
+        self.on_full = on_full
+        # tasks being stopped for a higher class (node/runqueue.py): they re-queue
+        self.preempting: dict[m.TaskId, str] = {}
+        self._kinds: set[tuple[int, str | None, int | None]] = set()
+        self._order_dirty = False
+        self._ordered_at = float("-inf")
         self.stopping = False
         self._kick = trio.Event()
         self._idle = trio.Event()
@@ -105,10 +125,19 @@ class LocalRunner:
         """Queue a task; with a slot free it is dispatched now, not on the runner's next
         wake-up (one trip through the scheduler less between submit and start)."""
         self.queue.append(task_id)
+        self._note_kind(task_id)
+        if len(self.running) >= self.slots and self.on_full is not None:
+            self.on_full(task_id)  # every slot taken: the node may preempt for it
         if self._nursery is not None and not self._dispatching:
             self._dispatch(self._nursery)
         else:
             self._kick.set()
+
+    def requeue_front(self, task_id: m.TaskId) -> None:
+        """Put a task back at the head of the queue (a retry, a move that failed)."""
+        self.queue.appendleft(task_id)
+        self._note_kind(task_id)
+        self._kick.set()
 
     def kick(self) -> None:
         self._kick.set()
@@ -140,15 +169,50 @@ class LocalRunner:
             self.logfiles.close()
 
     def _dispatch(self, nursery: trio.Nursery) -> None:
-        """Start queued tasks in FIFO order while slots are free; a task the gate
-        refuses (reservation, drain, handoff not settled) keeps its place."""
+        """Start queued tasks in the node's order (priority, fair share, arrival) while
+        slots are free; a task the gate refuses (reservation, drain, handoff not
+        settled, a group's quota) keeps its place."""
         if self.stopping or not self.queue or len(self.running) >= self.slots:
             return
         self._dispatching = True  # a hook below may enqueue: that waits for the kick
         try:
+            self._reorder()
             self._dispatch_some(nursery)
         finally:
             self._dispatching = False
+
+    def _note_kind(self, tid: m.TaskId) -> None:
+        """Remember the (priority, user) of a task put in the queue: a queue of one
+        kind is in order already (FIFO), and is never sorted."""
+        t = self.table.active.get(tid)
+        if t is not None:
+            self._kinds.add((t.spec.priority, t.spec.user, t.spec.uid))
+        self._order_dirty = True
+
+    def _reorder(self) -> None:
+        """Put the queue in the node's start order, in place (the node reads it): when
+        it holds more than one kind of task and something arrived since the last sort,
+        or a second has passed (usage, and so fair share, moves)."""
+        if not self.queue:
+            self._kinds.clear()
+            return
+        if self.order is None or len(self._kinds) < 2 or len(self.queue) < 2:
+            return
+        now = trio.current_time()
+        if not self._order_dirty and now - self._ordered_at < 1.0:
+            return
+        self._order_dirty = False
+        self._ordered_at = now
+        want = self.order()
+        if len(want) == len(self.queue) and all(
+            a == b for a, b in zip(want, self.queue, strict=True)
+        ):
+            return
+        wanted = set(want)
+        rest = [tid for tid in self.queue if tid not in wanted]
+        self.queue.clear()
+        self.queue.extend(want)
+        self.queue.extend(rest)
 
     def _dispatch_some(self, nursery: trio.Nursery) -> None:
         keep: deque[m.TaskId] = deque()
@@ -258,11 +322,13 @@ class LocalRunner:
                     self.on_finished(after)
                 if after is not None and after.state is m.TaskState.QUEUED:
                     self.queue.appendleft(tid)
+                    self._note_kind(tid)
         finally:
             self.executor.release(tid)
             self.running.discard(tid)
             self.cancel_requested.pop(tid, None)
             self.migrating.pop(tid, None)
+            self.preempting.pop(tid, None)
             self._kick.set()
             if not self.running:
                 self._idle.set()
@@ -281,6 +347,14 @@ class LocalRunner:
                 exit_code=r.exit_code,
                 signal=r.signal,
             )
+        elif tid in self.preempting and (
+            r.cancelled
+            or (
+                task.spec.migrate is m.MigrateMode.CHECKPOINT
+                and r.exit_code == self.checkpoint_exit_code
+            )
+        ):
+            await self.table.change_durably(tid, S.QUEUED, self.preempting[tid])
         elif r.cancelled and self.stopping:
             if task.spec.no_retry:
                 await self.table.change_durably(
@@ -337,6 +411,22 @@ class LocalRunner:
         self.cancel_requested[tid] = reason
         await self.executor.terminate(tid, reason)
         return True
+
+    async def preempt(self, tid: m.TaskId, cause: str, checkpoint: bool) -> None:
+        """Stop a running task for a higher class; it re-queues (see _record). A
+        checkpointing task gets the checkpoint signal and `checkpoint_timeout` to save
+        its state and exit first."""
+        if tid not in self.running:
+            return
+        self.preempting[tid] = cause
+        if checkpoint and self.executor.signal(tid, self.checkpoint_signal):
+            with trio.move_on_after(self.checkpoint_timeout):
+                while (t := self.table.get_cached(tid)) is not None and t.state is S_RUNNING:
+                    await self.table.wait_change(tid)
+            t = self.table.get_cached(tid)
+            if t is None or t.state is not S_RUNNING:
+                return
+        await self.executor.terminate(tid, cause)
 
     async def shutdown(self) -> None:
         """Stop starting tasks, terminate running ones (they go back to the queue)."""

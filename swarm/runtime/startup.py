@@ -225,6 +225,7 @@ def driver(
         slots=config.slots,
         default_shares=config.shares,
         breaks=testbreak.active(),
+        sharing=config.sharing,
     )
     return Driver(
         node=config.node_id,

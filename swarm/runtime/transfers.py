@@ -105,7 +105,7 @@ class TransferIO:
             return ok
         outs = d.state.guest.request_move(tid, peer, d.clock.now())
         if not outs:
-            d.runner.queue.appendleft(tid)
+            d.runner.requeue_front(tid)
             return False
         await d.apply(outs, tid)
         return True

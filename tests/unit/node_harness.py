@@ -27,6 +27,7 @@ class FakeNode:
         shares: int = 1024,
         gpu_devices: tuple[gpupol.GpuDevice, ...] = (),
         breaks: tuple[str, ...] = (),
+        settings: Settings | None = None,
     ) -> None:
         self.name = name
         self.queue: deque[m.TaskId] = deque()
@@ -35,7 +36,7 @@ class FakeNode:
         self.state = NodeState(
             name,
             ledger=self.ledger,
-            settings=Settings(breaks=frozenset(breaks)),
+            settings=settings or Settings(breaks=frozenset(breaks)),
             gpu_devices=gpu_devices,
             queued=self.queue,
             running=self.running,
@@ -46,6 +47,7 @@ class FakeNode:
         self.outcomes: list[tuple[m.TaskId, bool, str]] = []
         self.finals: dict[m.TaskId, int] = {}  # terminal records journaled, per task
         self.stopped: list[m.TaskId] = []
+        self.preempted: list[ev.Preempt] = []
         self.logs: list[str] = []
         self.retry_failed_offers = False
 
@@ -74,6 +76,8 @@ class FakeNode:
                     self.queue.remove(i.task_id)
             elif isinstance(i, ev.StopRun):
                 self.stopped.append(i.task_id)
+            elif isinstance(i, ev.Preempt):
+                self.preempted.append(i)
             elif isinstance(i, ev.SendHandoff):
                 self.outbox.append(i.send)
             elif isinstance(i, ev.Place):

@@ -1,0 +1,354 @@
+"""The run queue's order and who yields to whom (pure; issue 20): priority classes
+first, then fair share (DRF over decayed cluster-wide usage, from gossip), then
+arrival; local preemption when a higher class cannot start; a group's elastic quota
+as a local allowance.
+
+Every node decides for its own queue from stale gossip, on purpose: there is no
+scheduler to ask. What a node gossips for the others' decisions rides in its load
+report (bounded): its weight per priority value (`bands`, so placement does not count
+preemptible work against urgent work), its slots queued and running per group
+(`groups`, the quota's demand) and its own decayed usage per principal (`usage`, one
+origin's entry of policy/fairness's usage map: a newer report replaces an older one,
+so the merge is the map's per-origin max).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .. import limits as lim
+from .. import model as m
+from ..policy import fairness as fair
+from ..policy import preemption as pre
+from ..policy import quota as qu
+from ..policy.sharing import Sharing
+from ..policy.view import LoadView
+from . import events as ev
+from .records import TaskRecords
+
+S = m.TaskState
+ONE_SLOT = fair.Resources(slots=1.0)
+GPU_UNITS = 100.0  # one whole device, as policy/fairness counts GPUs
+
+
+def user_principal(spec: m.TaskSpec) -> fair.Principal:
+    return spec.user or (f"uid:{spec.uid}" if spec.uid is not None else "(unknown)")
+
+
+def group_principal(group: str) -> fair.Principal:
+    return "group:" + group
+
+
+def demand(spec: m.TaskSpec) -> fair.Resources:
+    """What one running task holds, as fair share counts it."""
+    gpu = 0.0 if spec.gpu is None else float(spec.gpu.core)
+    return fair.Resources(1.0, spec.cpu or 0.0, float(spec.mem or 0), gpu)
+
+
+@attrs.frozen
+class QueueView:
+    """What `order` and `explain` read of the cluster: usage per principal and the
+    cluster's capacity, as of `at` (wall)."""
+
+    usage: Mapping[fair.Principal, fair.Resources]
+    capacity: fair.Resources
+    at: float
+
+
+def capacity(reports: Iterable[m.LoadReport]) -> fair.Resources:
+    total = fair.NOTHING
+    for r in reports:
+        total = total + fair.Resources(
+            float(r.slots), r.cpus, float(r.mem_total), GPU_UNITS * len(r.gpus)
+        )
+    return total
+
+
+def usage_totals(reports: Iterable[m.LoadReport]) -> dict[fair.Principal, fair.Resources]:
+    out: dict[fair.Principal, fair.Resources] = {}
+    for r in reports:
+        for p, *v in r.usage:
+            out[p] = out.get(p, fair.NOTHING) + fair.Resources(*v)
+    return out
+
+
+def order(
+    specs: Iterable[m.TaskSpec], view: QueueView, weights: Mapping[str, float] | None = None
+) -> list[m.TaskId]:
+    """Queued tasks in start order: higher priority first; within a priority the user
+    with the smallest weighted dominant share first; then arrival (the given order)."""
+    w = weights or {}
+    share: dict[fair.Principal, float] = {}
+    keyed = []
+    for i, spec in enumerate(specs):
+        p = user_principal(spec)
+        s = share.get(p)
+        if s is None:
+            s = fair.dominant_share(view.usage.get(p, fair.NOTHING), view.capacity)
+            s = share[p] = s / max(w.get(p, 1.0), 1e-9)
+        keyed.append((-spec.priority, s, i, spec.id))
+    keyed.sort()
+    return [k[3] for k in keyed]
+
+
+def quota_refusal(
+    sharing: Sharing,
+    spec: m.TaskSpec,
+    node: m.NodeId,
+    groups_seen: Mapping[m.NodeId, tuple[tuple[str, int, int], ...]],
+    running_here: int,
+    queued_here: int,
+) -> str | None:
+    """Why a task of a capped group may not start here now (None: it may): its
+    group's local allowance (the cap split by gossiped demand) is used up."""
+    g = sharing.group(spec.group) if spec.group else None
+    if g is None or g.quota_max is None:
+        return None
+    queued = {n: float(q) for n, rows in groups_seen.items() for gr, q, _ in rows if gr == g.name}
+    running = sum(r for rows in groups_seen.values() for gr, _, r in rows if gr == g.name)
+    queued[node] = float(queued_here)
+    # what runs is never cut and counts first; what is left of the cap is split by
+    # the queued demand each node gossips, in whole slots
+    left = int(g.quota_max + 1e-9) - running - running_here
+    give = qu.whole_slots(float(max(left, 0)), node, queued)
+    if queued_here > 0 and running_here < sharing.quota_floor:
+        give = max(give, 1)  # the configured floor: a start the others may not know of
+    if give < 1:
+        return (
+            f"group {g.name} at its quota: {running_here + running} of {g.quota_max:g} slots"
+            f" run ({running_here} here), as gossiped by {len(groups_seen) + 1} nodes"
+        )
+    return None
+
+
+class RunQueue:
+    """The run-queue side of NodeState (state.py), which holds the fields below."""
+
+    node: m.NodeId
+    records: TaskRecords
+    view: LoadView
+    queued: Any
+    running: Collection[m.TaskId]
+    slots: int
+    sharing: Sharing
+    used: dict[fair.Principal, fair.Decayed]  # this node's own usage
+    used_at: float  # wall time usage was last accrued
+    preempted_at: deque[float]  # wall times of this node's recent preemptions
+    preempting: dict[m.TaskId, m.TaskId]  # victims being stopped -> the task they yield to
+    counters: dict[str, int]
+
+    if TYPE_CHECKING:  # provided by Placing
+
+        def explain(self, tid: m.TaskId, rec: dict[str, Any], wall: float) -> ev.Explain:
+            raise NotImplementedError
+
+    # ------------------------------------------------------------- usage
+
+    def accrue(self, wall: float) -> None:
+        """Add what the running tasks used since the last call (resource-seconds)."""
+        since = self.used_at
+        self.used_at = wall
+        if not since or wall <= since:
+            return
+        hl = self.sharing.half_life
+        for tid in self.running:
+            t = self.records.active.get(tid)
+            if t is None:
+                continue
+            dt = wall - max(since, t.started_at or since)
+            if dt <= 0:
+                continue
+            amount = demand(t.spec).scaled(dt)
+            for p in self._principals(t.spec):
+                self.used[p] = self.used.get(p, fair.Decayed()).plus(amount, wall, hl)
+
+    @staticmethod
+    def _principals(spec: m.TaskSpec) -> tuple[fair.Principal, ...]:
+        u = user_principal(spec)
+        return (u, group_principal(spec.group)) if spec.group else (u,)
+
+    def share_fields(self, wall: float) -> dict[str, Any]:
+        """The load report's bands, groups and usage (each bounded)."""
+        self.accrue(wall)
+        bands: dict[int, float] = {}
+        groups: dict[str, list[int]] = {}
+        for tid, running in self._held():
+            t = self.records.active.get(tid)
+            if t is None:
+                continue
+            bands[t.spec.priority] = bands.get(t.spec.priority, 0.0) + t.spec.weight
+            if t.spec.group:
+                g = groups.setdefault(t.spec.group, [0, 0])
+                g[1 if running else 0] += 1
+        kept = fair.bounded(self.used, self.sharing.half_life, wall, lim.MAX_REPORT_PRINCIPALS)
+        usage = [
+            (p, *(round(x) for x in d.value.as_tuple()))
+            for p, d in sorted(kept.items(), key=lambda kv: -kv[1].value.slots)
+            if any(d.value.as_tuple())
+        ]
+        rows = sorted(groups.items(), key=lambda x: (-sum(x[1]), x[0]))
+        group_rows = [(name, q, r) for name, (q, r) in rows[: lim.MAX_REPORT_GROUPS]]
+        return _fit(_top_bands(bands), group_rows, usage)
+
+    def _held(self) -> Iterable[tuple[m.TaskId, bool]]:
+        for tid in self.queued:
+            yield tid, False
+        for tid in self.running:
+            yield tid, True
+
+    def fair_view(self, wall: float, local: m.LoadReport) -> QueueView:
+        reports = [e.report for n, e in self.view.items() if n != self.node] + [local]
+        return QueueView(usage_totals(reports), capacity(reports), wall)
+
+    # ------------------------------------------------------------- order
+
+    def run_order(self, qv: QueueView) -> list[m.TaskId]:
+        """This node's queue in start order (tasks no longer queued here dropped)."""
+        specs = []
+        for tid in self.queued:
+            t = self.records.active.get(tid)
+            if t is not None:
+                specs.append(t.spec)
+        return order(specs, qv, self.sharing.weights())
+
+    def quota_refusal(self, spec: m.TaskSpec) -> str | None:
+        if not spec.group:
+            return None
+        seen = {n: e.report.groups for n, e in self.view.items() if n != self.node}
+        run = que = 0
+        counted = False
+        for tid, running in self._held():
+            t = self.records.active.get(tid)
+            if t is not None and t.spec.group == spec.group:
+                counted = counted or tid == spec.id
+                if running:
+                    run += 1
+                else:
+                    que += 1
+        if not counted:
+            que += 1  # the runner took it off the queue to ask: it is still demand here
+        return quota_refusal(self.sharing, spec, self.node, seen, run, que)
+
+    # ------------------------------------------------------------- preemption
+
+    def preempt_for(self, waiting: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
+        """A queued task cannot start for want of a slot: stop lower-class work for it
+        (the receiver decides; victims: lowest class, least work lost, newest), within
+        the minimum gap and the rate limit. [] when nothing is to be stopped."""
+        sp = self.sharing
+        t = self.records.active.get(waiting)
+        if not sp.preempt or t is None or t.state is not S.QUEUED:
+            return []
+        while self.preempted_at and wall - self.preempted_at[0] > 60.0:
+            self.preempted_at.popleft()
+        if len(self.preempted_at) >= sp.preempt_per_minute:
+            return []
+        if waiting in self.preempting.values():
+            return []  # its victims are being stopped already
+        cands = []
+        for tid in self.running:
+            r = self.records.active.get(tid)
+            if r is None or r.state is not S.RUNNING or tid in self.preempting:
+                continue
+            started = r.started_at if r.started_at is not None else wall
+            cands.append(pre.Running(tid, r.spec.priority, started, wall - started, ONE_SLOT))
+        # a victim still stopping holds its slot (it was freed for another waiter)
+        free = fair.Resources(slots=float(max(self.slots - len(self.running), 0)))
+        victims = pre.choose_victims(cands, ONE_SLOT, free, t.spec.priority, sp.preempt_min_gap)
+        if not victims:
+            return []
+        out: list[ev.Instruction] = []
+        for v in victims:
+            vt = self.records.active.get(v)
+            assert vt is not None
+            cause = (
+                f"preempted by {waiting} (priority {sp.name_of(t.spec.priority)}"
+                f" > {sp.name_of(vt.spec.priority)})"
+            )
+            self.preempting[v] = waiting
+            self.preempted_at.append(wall)
+            self.counters["preempted"] += 1
+            out += [
+                ev.Preempt(v, cause, vt.spec.migrate is m.MigrateMode.CHECKPOINT),
+                self.explain(v, {"outcome": "preempted", "summary": cause, "by": waiting}, wall),
+                ev.log("info", "task.preempted", task=v, by=waiting),
+            ]
+        return out
+
+    def preempt_ended(self, tid: m.TaskId) -> None:
+        self.preempting.pop(tid, None)
+
+    def view_age(self, now: float) -> float:
+        """The oldest peer report behind the usage view (seconds; 0 with no peers)."""
+        ages = [now - e.received_at for n, e in self.view.items() if n != self.node]
+        return max(ages, default=0.0)
+
+    def queue_explain(self, tid: m.TaskId, qv: QueueView) -> dict[str, Any] | None:
+        """Where a queued task stands here: its place in the order, its class, its
+        user's dominant share and how old the usage behind it may be."""
+        t = self.records.active.get(tid)
+        if t is None or t.state is not S.QUEUED:
+            return None
+        ordered = self.run_order(qv)
+        if tid not in ordered:
+            return None
+        p = user_principal(t.spec)
+        ahead = ordered.index(tid)
+        higher = 0
+        for o in ordered[:ahead]:
+            x = self.records.active.get(o)
+            if x is not None and x.spec.priority > t.spec.priority:
+                higher += 1
+        return {
+            "position": ahead + 1,
+            "queued": len(ordered),
+            "ahead_higher_priority": higher,
+            "priority": self.sharing.name_of(t.spec.priority),
+            "group": t.spec.group,
+            "user": p,
+            "user_dominant_share": round(
+                fair.dominant_share(qv.usage.get(p, fair.NOTHING), qv.capacity), 6
+            ),
+            "quota": self.quota_refusal(t.spec),
+        }
+
+
+def _top_bands(bands: Mapping[int, float]) -> tuple[tuple[int, float], ...]:
+    """At most MAX_REPORT_BANDS priorities: the lowest ones are merged into the
+    lowest band kept (they are the preemptible end: merged upward, never hidden)."""
+    items = sorted(bands.items(), reverse=True)
+    if len(items) > lim.MAX_REPORT_BANDS:
+        keep = items[: lim.MAX_REPORT_BANDS - 1]
+        rest = sum(w for _, w in items[lim.MAX_REPORT_BANDS - 1 :])
+        keep.append((items[lim.MAX_REPORT_BANDS - 1][0], rest))
+        items = keep
+    return tuple(sorted(items))
+
+
+def _size(row: tuple[Any, ...]) -> int:
+    """About what a row costs in a datagram (msgpack: a string, small ints, floats)."""
+    return 2 + sum(len(x) + 1 if isinstance(x, str) else 9 for x in row)
+
+
+def _fit(
+    bands: tuple[tuple[int, float], ...],
+    groups: list[tuple[str, int, int]],
+    usage: list[tuple[Any, ...]],
+) -> dict[str, Any]:
+    """The three share fields within lim.REPORT_SHARE_BYTES: the least used principals
+    are summed into OTHERS first, then the smallest groups are left out (their demand
+    is then unseen by the others: a quota's floor bounds what that costs)."""
+    total = sum(map(_size, bands)) + sum(map(_size, groups)) + sum(map(_size, usage))
+    while total > lim.REPORT_SHARE_BYTES and len(usage) > 1:
+        a = usage.pop()
+        b = usage.pop()
+        merged = (fair.OTHERS, *(x + y for x, y in zip(a[1:], b[1:], strict=True)))
+        total += _size(merged) - _size(a) - _size(b)
+        usage.append(merged)
+    while total > lim.REPORT_SHARE_BYTES and groups:
+        total -= _size(groups.pop())
+    return {"bands": bands, "groups": tuple(groups), "usage": tuple(sorted(usage))}
