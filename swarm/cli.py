@@ -238,14 +238,17 @@ def _gpu_request(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        tasks = c.list(all=args.all, limit=args.limit)
+        reply = c.call("list", all=args.all, limit=args.limit)
+    tasks, classes = reply["tasks"], reply.get("classes")
     if args.json:
         print(json.dumps(tasks))
         return EXIT_OK
     now = time.time()
+    names = {v: k for k, v in (classes or {}).items()}
     rows = []
     for t in tasks:
         spec = t["spec"]
+        prio = spec.get("priority", 50)
         code = "-"
         if t.get("signal") is not None:
             code = f"sig{t['signal']}"
@@ -257,13 +260,43 @@ def cmd_ps(args: argparse.Namespace) -> int:
                 spec.get("name") or "-",
                 t["state"],
                 t.get("node") or "-",
+                names.get(prio, str(prio)),
+                spec.get("group") or "-",
                 code,
                 fmt_age(_task_runtime(t, now)),
                 fmt_age(now - float(t.get("created_at") or now)),
                 _cmd_str(spec["argv"]),
             ]
         )
-    print(_table(rows, ["ID", "NAME", "STATE", "NODE", "EXIT", "RUNTIME", "AGE", "COMMAND"]))
+    head = ["ID", "NAME", "STATE", "NODE", "PRIO", "GROUP", "EXIT", "RUNTIME", "AGE", "COMMAND"]
+    print(_table(rows, head))
+    return EXIT_OK
+
+
+def cmd_share(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        r = c.call("share")
+    if args.json:
+        print(json.dumps(r))
+        return EXIT_OK
+    rows = [
+        [
+            str(p["rank"]),
+            p["kind"],
+            p["principal"],
+            f"{p['dominant_share']:.3g}",
+            f"{p['weight']:g}",
+            f"{p['slot_seconds']:.0f}",
+            f"{p['cpu_seconds']:.0f}",
+            f"{p['gpu_seconds']:.0f}",
+        ]
+        for p in r["principals"]
+    ]
+    print(_table(rows, ["RANK", "KIND", "WHO", "SHARE", "WEIGHT", "SLOT-S", "CPU-S", "GPU-S"]))
+    _say(
+        f"usage decays with a half-life of {fmt_age(float(r['half_life']))}; from"
+        f" {r['nodes']} nodes' reports, the oldest {float(r['view_age']):.1f}s old"
+    )
     return EXIT_OK
 
 
@@ -681,6 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--all", "-a", action="store_true", help="include finished tasks")
     ps.add_argument("--limit", type=int, default=None, help="at most this many tasks")
     ps.add_argument("--json", action="store_true")
+
+    sh_ = add("share", cmd_share, "fair share: each user's and group's usage, share and rank")
+    sh_.add_argument("--json", action="store_true")
 
     st = add("status", cmd_status, "show one task")
     st.add_argument("id")

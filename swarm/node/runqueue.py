@@ -14,6 +14,7 @@ so the merge is the map's per-origin max).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -282,6 +283,35 @@ class RunQueue:
     def preempt_ended(self, tid: m.TaskId) -> None:
         self.preempting.pop(tid, None)
 
+    def share_rows(self, qv: QueueView) -> list[dict[str, Any]]:
+        """Each principal's usage and weighted dominant share, lowest share first (the
+        order in which fair share favours them; groups ranked among groups)."""
+        weights = self.sharing.weights()
+        tau = self.sharing.half_life / math.log(2)
+        rows: list[dict[str, Any]] = []
+        for p, used in qv.usage.items():
+            # usage is in resource-seconds: divided by the capacity and by the decay's
+            # time constant it is the fraction of the cluster held, time-weighted
+            share = fair.dominant_share(used, qv.capacity) / tau
+            rows.append(
+                {
+                    "principal": p,
+                    "kind": "group" if p.startswith("group:") else "user",
+                    "slot_seconds": round(used.slots, 1),
+                    "cpu_seconds": round(used.cpu, 1),
+                    "gpu_seconds": round(used.gpu, 1),
+                    "dominant_share": share,
+                    "weight": weights.get(p, 1.0),
+                }
+            )
+        rows.sort(key=lambda r: (r["kind"], r["dominant_share"] / r["weight"], r["principal"]))
+        rank = {"user": 0, "group": 0}
+        for r in rows:
+            kind = str(r["kind"])
+            rank[kind] += 1
+            r["rank"] = rank[kind]
+        return rows
+
     def view_age(self, now: float) -> float:
         """The oldest peer report behind the usage view (seconds; 0 with no peers)."""
         ages = [now - e.received_at for n, e in self.view.items() if n != self.node]
@@ -310,9 +340,8 @@ class RunQueue:
             "priority": self.sharing.name_of(t.spec.priority),
             "group": t.spec.group,
             "user": p,
-            "user_dominant_share": round(
-                fair.dominant_share(qv.usage.get(p, fair.NOTHING), qv.capacity), 6
-            ),
+            "user_dominant_share": fair.dominant_share(qv.usage.get(p, fair.NOTHING), qv.capacity)
+            / (self.sharing.half_life / math.log(2)),
             "quota": self.quota_refusal(t.spec),
         }
 

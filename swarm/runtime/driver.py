@@ -390,6 +390,16 @@ class Driver(Effects):
             out["view_age"] = self.state.view_age(now)
         return out
 
+    def share_table(self) -> dict[str, Any]:
+        """Usage, dominant share and rank per principal, from this node's view."""
+        now, wall = self._time()
+        return {
+            "principals": self.state.share_rows(self.fair_view(wall)),
+            "view_age": self.state.view_age(now),
+            "half_life": self.state.sharing.half_life,
+            "nodes": len(self.state.view) + (0 if self.node in self.state.view else 1),
+        }
+
     def on_full(self, tid: m.TaskId) -> None:
         """Every slot is taken and `tid` waits: preempt lower classes for it, maybe."""
         now, wall = self._time()

@@ -84,6 +84,7 @@ class LocalOps:
                 "info": self.op_info,
                 "nodes": self.op_nodes,
                 "explain": self.op_explain,
+                "share": self.op_share,
                 "shares": self.shares.op_shares,
             },
             stream={"logs": self.op_logs},
@@ -244,7 +245,15 @@ class LocalOps:
             name = _user_name(cred.uid)
             tasks = [t for t in tasks if self.access.owns(t, cred, name)]
         tasks = tasks[-limit:]
-        return {"tasks": [codec.task_to_wire(t) for t in tasks]}
+        classes = dict(self.coord.state.sharing.classes)
+        return {"tasks": [codec.task_to_wire(t) for t in tasks], "classes": classes}
+
+    async def op_share(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
+        """`swarm share`: each principal's cluster-wide decayed usage, dominant share and
+        rank (the order fair share starts their tasks in), as this node sees it, and
+        how old that view may be. Usage totals are not secret among a fleet's users."""
+        f.done()
+        return self.coord.share_table()
 
     async def op_cancel(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self.access.task(f, cred)
@@ -596,7 +605,7 @@ def _queue_line(q: dict[str, Any]) -> str:
     line = (
         f"queued here: position {q['position']} of {q['queued']}"
         f" ({q['ahead_higher_priority']} ahead of higher priority); priority {q['priority']},"
-        f" {q['user']}'s dominant share {q['user_dominant_share']:.4f}"
+        f" {q['user']}'s dominant share {q['user_dominant_share']:.3g}"
         f" (usage gossiped up to {q['view_age']:.1f}s ago)"
     )
     if q.get("quota"):

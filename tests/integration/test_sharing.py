@@ -137,6 +137,13 @@ def test_a_group_at_its_quota_starts_nothing_more_while_another_groups_work_runs
         for _ in range(3):  # and for a while: the capped group starts nothing more
             assert [c.status(t)["state"] for t in more] == ["queued"] * 4
             time.sleep(0.5)
+        ps = agents[0].cli("ps").stdout
+        assert "PRIO" in ps and "GROUP" in ps and "capped" in ps and "normal" in ps
+
+        def share_lists_the_group() -> bool:
+            return "group:capped" in agents[0].cli("share").stdout
+
+        wait_for(share_lists_the_group, 10, "swarm share to show the capped group's usage")
         decisions = c.call("explain", id=more[0])["decisions"]
         assert any("at its quota" in str(d.get("outcome")) for d in decisions), decisions
         c.cancel(first[0])  # a slot of the group frees: one more of it starts
@@ -145,3 +152,54 @@ def test_a_group_at_its_quota_starts_nothing_more_while_another_groups_work_runs
         assert sum(c.status(t)["state"] == "running" for t in more) == 1
         for t in first[1:] + more + free:
             c.cancel(t)
+
+
+def test_a_bad_sharing_config_stops_the_agent_with_the_key_named(short_tmp: Path) -> None:
+    import subprocess
+    import sys
+
+    for text, key in (
+        ('[groups.p]\nquota-min = 4\n[groups.a]\nparent = "p"\nquota-min = 5\n', "groups.p"),
+        ("[priorities]\nlow = 1\nhigh = 1\n", "priorities"),
+        ('default-priority = "urgent"\n', "default-priority"),
+    ):
+        cfg = short_tmp / "bad.toml"
+        cfg.write_text(text)
+        p = subprocess.run(
+            [
+                *(sys.executable, "-m", "swarm", "agent", "--config", str(cfg), "--insecure"),
+                *("--state-dir", str(short_tmp / "st"), "--socket", str(short_tmp / "s")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 2, (p.returncode, p.stderr)
+        assert key in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_user_cannot_use_anothers_group_nor_the_root_class(
+    root_agent: Callable[..., LocalAgent], sec_users: tuple[User, User, User]
+) -> None:
+    from swarm.client import RequestFailed
+
+    alice, bob, _ = sec_users
+    a = root_agent("s1")
+
+    def try_submit(**kw: str) -> str:
+        with Client(a.socket, timeout=30) as c:
+            try:
+                tid = c.submit(["true"], cwd="/", **kw)
+            except RequestFailed as e:
+                return f"{e.code}: {e.message}"
+            return str(c.status(tid)["spec"]["group"])
+
+    assert as_user(alice, lambda: try_submit()) == "swseca"  # her primary group
+    bob_group = as_user(bob, lambda: try_submit())
+    assert as_user(alice, lambda: try_submit(group=bob_group)).startswith(
+        "permission_denied: submit: user swseca is not a member of group swsecb"
+    )
+    assert "root only" in as_user(alice, lambda: try_submit(priority="system"))
+    assert as_user(alice, lambda: try_submit(priority="nope")).startswith("invalid")
+    assert as_user(alice, lambda: try_submit(group="../../etc")).startswith("invalid")
