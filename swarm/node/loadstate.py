@@ -137,10 +137,14 @@ class LoadState:
     def queue_view(self, now: float) -> list[tr.QueuedTask]:
         """Queued (not started) tasks in the local run queue, as transfer sees them."""
         out = []
+        users: dict[tuple[int, str | None, int | None], int] = {}  # in order of first place
         for tid in self.queued:
             t = self.records.active.get(tid)
             if t is None or t.state is not S.QUEUED:
                 continue
+            # the queue is in start order (class, fair share, arrival: runqueue.py), so
+            # the order in which users first appear in a class is their fair-share rank
+            user = users.setdefault((t.spec.priority, t.spec.user, t.spec.uid), len(users))
             pinned = t.spec.is_global or (t.spec.home != self.node and not self.guest.may_run(tid))
             if not pinned:
                 pinned = self.state_held(t)  # its checkpoint is here, not there
@@ -150,7 +154,8 @@ class LoadState:
                     self.needs.clear()
                 needs = self.needs[tid] = pl.Needs.of(t.spec)
             arrived = self.arrived.get(tid, now)
-            out.append(tr.QueuedTask(tid, needs, t.spec.submitted_at, arrived, pinned))
+            rank = (-t.spec.priority, user)
+            out.append(tr.QueuedTask(tid, needs, t.spec.submitted_at, arrived, pinned, rank))
         return out
 
 

@@ -33,6 +33,7 @@ from .records import TaskRecords
 
 S = m.TaskState
 ONE_SLOT = fair.Resources(slots=1.0)
+RECLAIMED = -(10**9)  # the class preemption sees borrowed work at, for a reclaim
 GPU_UNITS = 100.0  # one whole device, as policy/fairness counts GPUs
 
 
@@ -250,13 +251,17 @@ class RunQueue:
             return []
         if waiting in self.preempting.values():
             return []  # its victims are being stopped already
+        reclaim = self._reclaimable(t.spec)
         cands = []
         for tid in self.running:
             r = self.records.active.get(tid)
             if r is None or r.state is not S.RUNNING or tid in self.preempting:
                 continue
             started = r.started_at if r.started_at is not None else wall
-            cands.append(pre.Running(tid, r.spec.priority, started, wall - started, ONE_SLOT))
+            # work a group borrowed above its min yields to a group below its min,
+            # whatever its class (Koordinator's reclaim); else the class decides
+            prio = RECLAIMED if r.spec.group in reclaim else r.spec.priority
+            cands.append(pre.Running(tid, prio, started, wall - started, ONE_SLOT))
         # a victim still stopping holds its slot (it was freed for another waiter)
         free = fair.Resources(slots=float(max(self.slots - len(self.running), 0)))
         victims = pre.choose_victims(cands, ONE_SLOT, free, t.spec.priority, sp.preempt_min_gap)
@@ -266,10 +271,16 @@ class RunQueue:
         for v in victims:
             vt = self.records.active.get(v)
             assert vt is not None
-            cause = (
-                f"preempted by {waiting} (priority {sp.name_of(t.spec.priority)}"
-                f" > {sp.name_of(vt.spec.priority)})"
-            )
+            if vt.spec.group in reclaim:
+                cause = (
+                    f"preempted by {waiting} (group {t.spec.group} reclaims its quota-min"
+                    f" from group {vt.spec.group}, above its own)"
+                )
+            else:
+                cause = (
+                    f"preempted by {waiting} (priority {sp.name_of(t.spec.priority)}"
+                    f" > {sp.name_of(vt.spec.priority)})"
+                )
             self.preempting[v] = waiting
             self.preempted_at.append(wall)
             self.counters["preempted"] += 1
@@ -279,6 +290,38 @@ class RunQueue:
                 ev.log("info", "task.preempted", task=v, by=waiting),
             ]
         return out
+
+    def group_running(self) -> dict[str, int]:
+        """Slots each group runs cluster-wide: gossiped, this node's own fresh."""
+        out: dict[str, int] = {}
+        for n, e in self.view.items():
+            if n != self.node:
+                for g, _, r in e.report.groups:
+                    out[g] = out.get(g, 0) + r
+        for tid in self.running:
+            t = self.records.active.get(tid)
+            if t is not None and t.spec.group:
+                out[t.spec.group] = out.get(t.spec.group, 0) + 1
+        return out
+
+    def _reclaimable(self, spec: m.TaskSpec) -> frozenset[str]:
+        """The groups whose running work `spec` may preempt to reach its group's
+        quota-min: those running above their own min (none if its group is at its min)."""
+        g = self.sharing.group(spec.group) if spec.group else None
+        if g is None or g.quota_min <= 0:
+            return frozenset()
+        running = self.group_running()
+        if running.get(g.name, 0) >= g.quota_min:
+            return frozenset()
+        return frozenset(
+            o.name
+            for o in self.sharing.groups
+            if o.name != g.name and running.get(o.name, 0) > o.quota_min
+        ) | frozenset(
+            name
+            for name, r in running.items()
+            if self.sharing.group(name) is None and name != g.name and r > 0
+        )
 
     def preempt_ended(self, tid: m.TaskId) -> None:
         self.preempting.pop(tid, None)

@@ -200,6 +200,10 @@ class QueuedTask:
     queued_at: float  # when it entered the system: "oldest" means smallest
     arrived_at: float  # when it arrived on this node: the move cooldown starts here
     pinned: bool = False  # may not leave this node
+    # its place in the node's start order by class and fair share (issue 20): lower
+    # goes first, so stealing and pushing give away urgent work and the work of the
+    # users most below their share first; (0, 0) for all: oldest first
+    rank: tuple[int, int] = (0, 0)
 
     @classmethod
     def of(cls, spec: TaskSpec, arrived_at: float, *, pinned: bool = False) -> QueuedTask:
@@ -210,9 +214,10 @@ class QueuedTask:
 
 
 def movable_tasks(queue: Sequence[QueuedTask], now: float, cooldown: float) -> list[QueuedTask]:
-    """Movable queued tasks, oldest first (queued_at, then id for determinism)."""
+    """Movable queued tasks, by rank (class, then fair share), then oldest first
+    (queued_at, then id for determinism)."""
     out = [t for t in queue if t.movable(now, cooldown)]
-    out.sort(key=lambda t: (t.queued_at, t.id))
+    out.sort(key=lambda t: (t.rank, t.queued_at, t.id))
     return out
 
 

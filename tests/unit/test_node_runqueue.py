@@ -322,3 +322,51 @@ def test_a_report_full_of_users_groups_and_bands_still_fits_its_datagram_share()
     )
     c = MembershipConfig()
     assert len(wire.pack(load_to_compact(r))) <= c.udp_budget * c.load_packet_share
+
+
+def test_transfer_gives_away_urgent_work_and_the_least_served_users_first() -> None:
+    from swarm.policy.transfer import movable_tasks
+
+    n = node_with(slots=1)
+    for s in (
+        spec("alice-old", user="alice", submitted_at=1.0),
+        spec("bob-new", user="bob", submitted_at=2.0),
+        spec("urgent", user="alice", priority=100, submitted_at=3.0),
+        spec("alice-new", user="alice", submitted_at=4.0),
+    ):
+        n.submit(s, 0.0)
+        n.run_here(s.id)
+    # the runner keeps its queue in start order: bob (below his share) before alice
+    order = rq.order(
+        [n.state.records.active[t].spec for t in n.queue], view({"alice": 5.0, "bob": 0.0})
+    )
+    n.queue.clear()
+    n.queue.extend(order)
+    moved = [t.id for t in movable_tasks(n.state.queue_view(1000.0), 1000.0, 0.2)]
+    assert moved == ["urgent", "bob-new", "alice-old", "alice-new"]
+
+
+def test_a_group_below_its_min_reclaims_borrowed_slots_whatever_their_class() -> None:
+    sharing = parse(
+        None,
+        {"ml": {"quota-min": 2}, "web": {"quota-min": 1}},
+    )
+    n = FakeNode("n1", settings=Settings(slots=3, sharing=sharing))
+    for i in range(3):  # web borrowed all three slots, at a high class
+        start(n, spec(f"web{i}", group="web", priority=100), wall=float(i))
+    n.submit(spec("ml0", group="ml"), 5.0)
+    n.run_here("ml0")
+    n.run(n.state.preempt_for("ml0", now=5.0, wall=5.0))
+    assert [p.task_id for p in n.preempted] == ["web2"]
+    assert "reclaims its quota-min from group web" in n.preempted[0].cause
+    # a group at its min reclaims nothing; nor does work without a min
+    n2 = FakeNode("n2", settings=Settings(slots=1, sharing=sharing))
+    start(n2, spec("web", group="web", priority=100), wall=0.0)
+    n2.submit(spec("plain"), 1.0)
+    n2.run_here("plain")
+    assert n2.state.preempt_for("plain", now=1.0, wall=1.0) == []
+    n3 = FakeNode("n3", settings=Settings(slots=1, sharing=sharing))
+    start(n3, spec("web", group="web", priority=100), wall=0.0)  # web at its min (1)
+    n3.submit(spec("ml", group="ml"), 1.0)
+    n3.run_here("ml")
+    assert n3.state.preempt_for("ml", now=1.0, wall=1.0) == []
