@@ -30,6 +30,59 @@ EXAMPLES: dict[str, Any] = {
     "metrics": "127.0.0.1:9464",
 }
 
+# Extra comment lines shown under an option's help (what the one-line help cannot say).
+NOTES: dict[str, list[str]] = {
+    "default-priority": [
+        "a class named in [priorities] (below); `swarm submit --priority` overrides it"
+    ],
+    "preempt": [
+        "checked when a task arrives at a node whose slots are all taken: victims are",
+        "the lowest class, then the least work lost, then the newest; a --migrate",
+        "checkpoint victim gets checkpoint-signal and checkpoint-timeout first; every",
+        "victim goes back to this node's queue as a retry (docs/policy.md)",
+    ],
+    "preempt-per-minute": ["0 = never preempt (as preempt = false)"],
+    "fair-share-half-life": [
+        "usage (slot-, cpu-, mem- and gpu-seconds of running tasks, as requested) halves",
+        "every this long; HTCondor's default is a day",
+    ],
+    "quota-floor": [
+        "0: a capped group waits for its split of the cap (whole slots, by gossiped",
+        "queued demand); 1: every node with queued work of the group may run one,",
+        "so no node starves, and the cap may be exceeded by a slot per such node",
+        "(besides what stale gossip lets through: docs/policy.md)",
+    ],
+}
+
+# Example tables for the options that are tables (shown commented out, like the rest).
+TABLES: dict[str, list[str]] = {
+    "priorities": [
+        "# A higher value starts first and may preempt a class at least preempt-min-gap",
+        "# below it; `system` is for root only. A table replaces all four defaults:",
+        "#[priorities]",
+        "#low = 10",
+        "#normal = 50",
+        "#high = 100",
+        "#system = 1000",
+    ],
+    "groups": [
+        "# A task's group (`swarm submit --group`) defaults to its submitter's primary",
+        "# Unix group; a group with no table, or no members list, may be used by its Unix",
+        "# members (and root). Default: no tables. Quotas count slots only, cluster-wide,",
+        "# enforced approximately from gossip (docs/policy.md).",
+        "#[groups]",
+        "#[groups.research]",
+        "#quota-max = 64",
+        "#[groups.ml]",
+        '#members = ["alice", "bob"]   # only they (and root) may use it',
+        '#max-priority = "high"        # the highest class its members may ask for',
+        "#quota-max = 16               # slots its tasks may hold at once, cluster-wide",
+        "#quota-min = 4                # slots it reclaims from groups above their own min",
+        '#parent = "research"',
+        "#weight = 2.0                 # fair-share weight (the queue ranks users: no effect yet)",
+    ],
+}
+
 HEADER = """\
 # swarm agent configuration: /etc/swarm/agent.toml (`swarm agent --config FILE`).
 #
@@ -59,7 +112,7 @@ def placeholder(opt: Option) -> Any:
 
 
 def block(opt: Option) -> list[str]:
-    lines = [f"# {opt.help}"]
+    lines = [f"# {opt.help}"] + [f"# {n}" for n in NOTES.get(opt.name, [])]
     if opt.kind == "raw":
         lines.append("# (this file only)")
     else:
@@ -73,6 +126,8 @@ def block(opt: Option) -> list[str]:
             '#nvlink-group = "a"',
         ]
         return lines
+    if opt.name in TABLES:
+        return lines + TABLES[opt.name]
     if opt.default is None:
         example = EXAMPLES.get(opt.name, placeholder(opt))
         lines.append(f"#{opt.name} = {toml_value(example)}   # default: unset")
