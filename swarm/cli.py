@@ -28,6 +28,7 @@ EXIT_UNREACHABLE = 69
 
 _INVALID_CODES = {
     "invalid",
+    "not_allowed",  # a group or priority class this user may not use
     "bad_request",
     "malformed",
     "frame_too_large",

@@ -84,14 +84,16 @@ def order(
     """Queued tasks in start order: higher priority first; within a priority the user
     with the smallest weighted dominant share first; then arrival (the given order)."""
     w = weights or {}
-    share: dict[fair.Principal, float] = {}
+    share: dict[tuple[fair.Principal, str], float] = {}
     keyed = []
     for i, spec in enumerate(specs):
         p = user_principal(spec)
-        s = share.get(p)
+        s = share.get((p, spec.group))
         if s is None:
+            # a user's weight times their group's (a group's `weight` in the config)
+            wt = w.get(p, 1.0) * (w.get(group_principal(spec.group), 1.0) if spec.group else 1.0)
             s = fair.dominant_share(view.usage.get(p, fair.NOTHING), view.capacity)
-            s = share[p] = s / max(w.get(p, 1.0), 1e-9)
+            s = share[(p, spec.group)] = s / max(wt, 1e-9)
         keyed.append((-spec.priority, s, i, spec.id))
     keyed.sort()
     return [k[3] for k in keyed]

@@ -125,8 +125,8 @@ class LocalOps:
             if spec.group
             else None
         ) or sharing.may_use_priority(cred.uid, spec.group, spec.priority)
-        if refusal is not None:
-            raise RequestError("permission_denied", f"submit: {refusal}")
+        if refusal is not None:  # bad input for this user: the CLI exits 2
+            raise RequestError("not_allowed", f"submit: {refusal}")
         never = self._unsatisfiable(spec)
         if never is not None:
             raise RequestError("unsatisfiable", f"submit: {never}")

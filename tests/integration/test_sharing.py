@@ -179,6 +179,18 @@ def test_a_bad_sharing_config_stops_the_agent_with_the_key_named(short_tmp: Path
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
+def _cli(a: LocalAgent, *args: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from swarm.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["--socket", str(a.socket), *args])
+    return code, err.getvalue()
+
+
 def test_a_user_cannot_use_anothers_group_nor_the_root_class(
     root_agent: Callable[..., LocalAgent], sec_users: tuple[User, User, User]
 ) -> None:
@@ -198,8 +210,12 @@ def test_a_user_cannot_use_anothers_group_nor_the_root_class(
     assert as_user(alice, lambda: try_submit()) == "swseca"  # her primary group
     bob_group = as_user(bob, lambda: try_submit())
     assert as_user(alice, lambda: try_submit(group=bob_group)).startswith(
-        "permission_denied: submit: user swseca is not a member of group swsecb"
+        "not_allowed: submit: user swseca is not a member of group swsecb"
     )
     assert "root only" in as_user(alice, lambda: try_submit(priority="system"))
+    # the CLI says it in one line and exits 2 (bad input), as for an unknown class
+    for flag in (["--priority", "system"], ["--group", bob_group], ["--priority", "nope"]):
+        p = as_user(alice, lambda flag=flag: _cli(a, "submit", *flag, "--", "true"))
+        assert p[0] == 2 and len(p[1].strip().splitlines()) == 1, p
     assert as_user(alice, lambda: try_submit(priority="nope")).startswith("invalid")
     assert as_user(alice, lambda: try_submit(group="../../etc")).startswith("invalid")

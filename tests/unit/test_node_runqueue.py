@@ -370,3 +370,10 @@ def test_a_group_below_its_min_reclaims_borrowed_slots_whatever_their_class() ->
     n3.submit(spec("ml", group="ml"), 1.0)
     n3.run_here("ml")
     assert n3.state.preempt_for("ml", now=1.0, wall=1.0) == []
+
+
+def test_a_groups_weight_scales_its_members_share() -> None:
+    specs = [spec("a", user="alice", group="big"), spec("b", user="bob", group="small")]
+    qv = view({"alice": 4.0, "bob": 2.0})
+    assert rq.order(specs, qv) == ["b", "a"]
+    assert rq.order(specs, qv, parse(None, {"big": {"weight": 4}}).weights()) == ["a", "b"]
