@@ -8,6 +8,7 @@ invariant, so a failing run says what broke, not just that something did.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +30,14 @@ NO_CRASH = "no-crash-or-traceback"
 INTEGRITY = "journal-integrity"
 
 ENCRYPTED = "traffic-encrypted"  # checked only in scenarios that run with a cluster key
+
+# checked only in the priority scenario (its tasks leave timed marks: chaos.workload)
+ONE_AT_A_TIME = "one-execution-at-a-time"
+RECORDED = "execution-recorded"
+RERUN = "rerun-explained"
+PREEMPT_RECORDED = "preemption-in-record"
+PREEMPTED = "preemption-happened"
+PRIORITY = (ONE_AT_A_TIME, RECORDED, RERUN, PREEMPT_RECORDED, PREEMPTED)
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
@@ -306,6 +315,285 @@ def check_membership(
                     f"sees alive {sorted(alive)}: missing {missing}, extra {extra}",
                 )
             )
+    return out
+
+
+# ------------------------------------------------------------- preemption
+#
+# A preempted task's process is stopped and the task goes RUNNING -> QUEUED with the
+# cause "preempted by <id> (...)" in the journal of the node that ran it (for a remote
+# task that is the guest's copy of the record: the home's record shows the final
+# outcome only). Its executions are read from its own marks (start, end or stop, wall
+# time, node), so the checks judge what really ran against what the journals say.
+
+PREEMPTED_BY = "preempted by "
+# How long after a fault ends it may still explain a re-run or a second execution:
+# detection, a back-off and the re-placement that follow a kill or a cut.
+FAULT_SLACK = 15.0
+# A start journaled this long before a kill -9 of its node may be lost with the
+# journal's queue (docs/chaos.md, known limits).
+UNJOURNALED_WINDOW = 5.0
+# Faults that can stop a run or make a home give up on it: a kill (orphans killed at
+# the restart, runs re-queued), a freeze or a cut (a home re-places what it cannot
+# hear from), a transport restart (shutdown re-queues).
+RERUN_FAULTS = frozenset({"kill", "pause", "isolate", "split", "one-way", "loss", "shim"})
+
+
+@attrs.frozen
+class Execution:
+    """One process of a task, from its own marks: started at `start` on `node`, ended
+    (or was stopped by SIGTERM: `stopped`) at `end`; `end` None: no end was written
+    (SIGKILL: an orphan killed by its restarted agent)."""
+
+    node: str
+    attempt: int
+    start: float
+    end: float | None = None
+    stopped: bool = False
+
+
+@attrs.frozen
+class FaultWindow:
+    """A fault as the checks see it: kind, the nodes it hit (every node for a split:
+    both halves are cut off) and its wall-clock span (start to the end of the heal)."""
+
+    kind: str
+    nodes: frozenset[str]
+    start: float
+    end: float
+
+
+@attrs.frozen
+class LoggedPreemption:
+    """A `task.preempted` line of an agent's log: that node decided to stop `task`."""
+
+    node: str
+    at: float
+    task: str
+    by: str
+
+
+def _fault_explains(
+    faults: Iterable[FaultWindow], nodes: Iterable[str], t0: float, t1: float
+) -> FaultWindow | None:
+    """A fault touching one of `nodes` active (or just healed) between t0 and t1."""
+    names = set(nodes)
+    for f in faults:
+        if f.kind not in RERUN_FAULTS:
+            continue
+        if f.start <= t1 + 1.0 and f.end + FAULT_SLACK >= t0 and (f.nodes & names):
+            return f
+    return None
+
+
+def _killed_after(faults: Iterable[FaultWindow], node: str, t: float, within: float) -> bool:
+    return any(f.kind == "kill" and node in f.nodes and t <= f.start <= t + within for f in faults)
+
+
+def preemptions(journals: Mapping[str, JournalData]) -> list[TransitionEvent]:
+    """Every `running -> queued` transition caused by a preemption, in the journal of the
+    node that ran the task (`e.node` is that node)."""
+    return [
+        e
+        for node, j in journals.items()
+        for e in j.transitions
+        if e.cause.startswith(PREEMPTED_BY) and e.src == "running" and e.node == node
+    ]
+
+
+def _shown(e: Execution) -> str:
+    end = "no end" if e.end is None else f"{'stopped' if e.stopped else 'ended'} {e.end:.3f}"
+    return f"#{e.attempt} on {e.node} {e.start:.3f}-{end}"
+
+
+def check_one_at_a_time(
+    executions: Mapping[str, Sequence[Execution]],
+    homes: Mapping[str, str],
+    faults: Sequence[FaultWindow],
+) -> list[Violation]:
+    """No two executions of one task overlap in time (a preempted process is gone before
+    its task runs again), unless a kill or a cut of a node involved (either executor, the
+    home) explains the second: a killed agent's orphan runs on until its restart, and a
+    home that cannot hear its guest places the task again."""
+    out = []
+    for tid, runs in executions.items():
+        for i, a in enumerate(runs):
+            for b in runs[i + 1 :]:
+                if a.end is not None and b.start >= a.end:
+                    continue
+                if a.end is None and _fault_explains(faults, [a.node], a.start, b.start):
+                    continue  # no end: SIGKILLed (an orphan) or still running at a kill
+                involved = {a.node, b.node, homes.get(tid, "")}
+                if _fault_explains(faults, involved, a.start, b.start):
+                    continue
+                out.append(
+                    Violation(
+                        ONE_AT_A_TIME,
+                        b.node,
+                        f"task {tid} ran twice at once: {_shown(a)} and {_shown(b)}, "
+                        "no kill or cut explains it",
+                    )
+                )
+    return out
+
+
+def check_recorded(
+    executions: Mapping[str, Sequence[Execution]],
+    journals: Mapping[str, JournalData],
+    faults: Sequence[FaultWindow],
+) -> list[Violation]:
+    """Every execution is accounted for by a `-> running` event in the journal of the
+    node that ran it; only a start that its node's kill -9 followed within
+    UNJOURNALED_WINDOW may be missing there (the write was queued)."""
+    starts: Counter[tuple[str, str]] = Counter()
+    for node, j in journals.items():
+        for e in j.transitions:
+            if e.node == node and e.dst == "running" and e.src != "migrating":
+                starts[(e.task_id, node)] += 1
+    out = []
+    for tid, runs in executions.items():
+        by_node: dict[str, list[Execution]] = defaultdict(list)
+        for r in runs:
+            by_node[r.node].append(r)
+        for node, rs in by_node.items():
+            missing = len(rs) - starts[(tid, node)]
+            if missing <= 0:
+                continue
+            excused = sum(1 for r in rs if _killed_after(faults, node, r.start, UNJOURNALED_WINDOW))
+            if missing > excused:
+                shown = ", ".join(_shown(r) for r in rs)
+                out.append(
+                    Violation(
+                        RECORDED,
+                        node,
+                        f"task {tid}: {len(rs)} executions there ({shown}) but "
+                        f"{starts[(tid, node)]} starts in its journal, and no kill of the "
+                        "node right after a start explains the difference",
+                    )
+                )
+    return out
+
+
+def check_reruns(
+    executions: Mapping[str, Sequence[Execution]],
+    journals: Mapping[str, JournalData],
+    homes: Mapping[str, str],
+    faults: Sequence[FaultWindow],
+) -> tuple[list[Violation], Counter[str]]:
+    """Every execution after a task's first is explained: a `preempted by` transition of
+    that task in the journal of the node of the run before (at or after that run's start,
+    each transition explaining one re-run), or a kill or cut involving either executor or
+    the home between the two starts. Returns the violations and how many re-runs each
+    explanation covered ("preempted", "fault")."""
+    pre: dict[tuple[str, str], list[TransitionEvent]] = defaultdict(list)
+    for e in preemptions(journals):
+        pre[(e.task_id, e.node)].append(e)
+    why: Counter[str] = Counter()
+    out = []
+    for tid, runs in executions.items():
+        used: set[int] = set()
+        for prev, nxt in itertools.pairwise(runs):
+            ev = next(
+                (
+                    e
+                    for e in sorted(pre[(tid, prev.node)], key=lambda e: e.at)
+                    if e.seq not in used and prev.start - 1.0 <= e.at <= nxt.start + 1.0
+                ),
+                None,
+            )
+            if ev is not None:
+                used.add(ev.seq)
+                why["preempted"] += 1
+                continue
+            involved = {prev.node, nxt.node, homes.get(tid, "")}
+            if _fault_explains(faults, involved, prev.start, nxt.start):
+                why["fault"] += 1
+                continue
+            out.append(
+                Violation(
+                    RERUN,
+                    nxt.node,
+                    f"task {tid} ran again ({_shown(prev)}, then {_shown(nxt)}) with no "
+                    f"'{PREEMPTED_BY}' transition in {prev.node}'s journal and no kill or cut "
+                    "to explain it",
+                )
+            )
+    return out, why
+
+
+def check_preemptions_recorded(
+    logged: Iterable[LoggedPreemption],
+    journals: Mapping[str, JournalData],
+    faults: Sequence[FaultWindow],
+) -> list[Violation]:
+    """A preemption an agent logged is in its own journal: the victim's next move off
+    `running` there is `-> queued` with 'preempted by <the waiting task>'. Excused: the
+    victim ended on its own first (it exited before the stop reached it), or the node
+    was killed before the write landed."""
+    out = []
+    for p in logged:
+        j = journals.get(p.node)
+        if j is None:
+            continue  # no journal at all is journal-integrity's business
+        nxt = next(
+            (
+                e
+                for e in sorted(j.events_of(p.task), key=lambda e: (e.at, e.seq))
+                if e.src == "running" and e.at >= p.at - 0.5
+            ),
+            None,
+        )
+        if nxt is None:
+            if _killed_after(faults, p.node, p.at, UNJOURNALED_WINDOW):
+                continue
+            out.append(
+                Violation(
+                    PREEMPT_RECORDED,
+                    p.node,
+                    f"task {p.task} preempted by {p.by} at {p.at:.3f} (log) but its record "
+                    "there never left running",
+                )
+            )
+            continue
+        if nxt.cause.startswith(f"{PREEMPTED_BY}{p.by}") and nxt.dst == "queued":
+            continue
+        if nxt.dst in TERMINAL and nxt.cause == "exited 0":
+            continue  # it finished before the stop reached it
+        if nxt.cause.startswith("agent restarted") and _killed_after(
+            faults, p.node, p.at, UNJOURNALED_WINDOW
+        ):
+            continue
+        out.append(
+            Violation(
+                PREEMPT_RECORDED,
+                p.node,
+                f"task {p.task} preempted by {p.by} at {p.at:.3f} (log) but its record there "
+                f"says {nxt.src} -> {nxt.dst} ({nxt.cause})",
+            )
+        )
+    return out
+
+
+def check_preemption_happened(journals: Mapping[str, JournalData]) -> list[Violation]:
+    """The scenario proves nothing unless some task was really preempted."""
+    if preemptions(journals):
+        return []
+    return [Violation(PREEMPTED, "", "no 'preempted by' transition in any journal")]
+
+
+def logged_preemptions(node: str, text: str) -> list[LoggedPreemption]:
+    """The `task.preempted` lines of one agent's log."""
+    out = []
+    for line in text.splitlines():
+        if "task.preempted" not in line:
+            continue
+        kv = logfmt(line)
+        if kv.get("event") != "task.preempted":
+            continue
+        try:
+            out.append(LoggedPreemption(node, float(kv["ts"]), kv["task"], kv.get("by", "")))
+        except (KeyError, ValueError):
+            continue
     return out
 
 

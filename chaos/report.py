@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .invariants import ALL, ENCRYPTED
+from .invariants import ALL, ENCRYPTED, PRIORITY
 from .scenario import ScenarioResult
 
 BEGIN = "<!-- chaos-report:begin -->"
@@ -49,7 +49,13 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
             f"| {r.transfers} | {r.drains} | {verdict} |"
         )
     checked = ", ".join(f"`{x}`" for x in ALL)
-    lines += ["", f"Invariants checked: {checked}; `{ENCRYPTED}` in keyed scenarios.", ""]
+    prio = ", ".join(f"`{x}`" for x in PRIORITY)
+    lines += [
+        "",
+        f"Invariants checked: {checked}; `{ENCRYPTED}` in keyed scenarios; {prio} in the "
+        "priority scenario.",
+        "",
+    ]
     for r in results:
         lines.append(f"### {r.name} (seed {r.seed}, {r.wall_s:.0f} s)")
         lines.append("")

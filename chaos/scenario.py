@@ -23,7 +23,7 @@ from . import invariants as inv
 from .cluster import ChaosCluster
 from .journals import JournalData, JournalMissing, read_journal
 from .schedule import FaultPlan, Plan, Scenario, make_plan
-from .workload import Workload, read_marks
+from .workload import Workload, read_executions, read_marks
 
 TMPFS_MB = 24
 SUSPECT_EVENTS = ("member.suspect", "member.dead")
@@ -64,6 +64,7 @@ class ScenarioResult:
     settle_s: float | None = None
     handoffs: int = 0
     transfers: int = 0
+    preemptions: int = 0  # `preempted by` transitions in the executors' journals
     drains: int = 0
     violations: list[str] = attrs.field(factory=list)
     violated: list[str] = attrs.field(factory=list)
@@ -191,7 +192,7 @@ class Runner:
     def _exercise(self, cl: ChaosCluster) -> None:
         sc, plan = self.sc, self.plan
         self.t0 = time.time()
-        self.wl = Workload(cl, self.root / "marks", self.t0, log=self.log)
+        self.wl = Workload(cl, self.root / "marks", self.t0, log=self.log, timed=sc.priorities)
         threads = [
             threading.Thread(target=self.wl.submit_all, args=(list(plan.submits),), daemon=True),
             threading.Thread(target=self.wl.drain_all, args=(list(plan.drains),), daemon=True),
@@ -408,6 +409,14 @@ class Runner:
                 info = infos.get(a.name)
                 transport = info.get("transport") if info is not None else None
                 violations += inv.check_encrypted(a.name, a.log_text(), transport)
+            exits = [(x.at, x.code, x.expected) for x in a.exits]
+            violations += inv.check_exits(a.name, exits)
+            if stop_codes[a.name] not in (0, None):
+                violations.append(
+                    inv.Violation(
+                        inv.NO_CRASH, a.name, f"exit code {stop_codes[a.name]} on SIGTERM"
+                    )
+                )
         if self.sc.encrypted:
             drops = {
                 k: sum(
@@ -420,14 +429,8 @@ class Runner:
                 "encrypted: frames dropped at the end (agents' transport counters, since "
                 "their last start): " + ", ".join(f"{k} {n}" for k, n in drops.items())
             )
-            exits = [(x.at, x.code, x.expected) for x in a.exits]
-            violations += inv.check_exits(a.name, exits)
-            if stop_codes[a.name] not in (0, None):
-                violations.append(
-                    inv.Violation(
-                        inv.NO_CRASH, a.name, f"exit code {stop_codes[a.name]} on SIGTERM"
-                    )
-                )
+        if self.sc.priorities:
+            violations += self._priority_checks(cl, journals, specs)
         # figures
         res.attempted = self.wl.attempted
         res.acked = len(acked)
@@ -453,6 +456,50 @@ class Runner:
         res.violated = sorted({v.invariant for v in violations})
         if len(violations) > 200:
             res.notes.append(f"{len(violations) - 200} more violations not listed")
+
+    def _fault_windows(self, cl: ChaosCluster) -> list[inv.FaultWindow]:
+        names = frozenset(a.name for a in cl.agents)
+        out = []
+        for f, _ in self.records:
+            if f.started_at is None:
+                continue
+            hit = names if isinstance(f, fl.Split) else frozenset(f"n{i}" for i in f.targets)
+            end = f.healed_at if f.healed_at is not None else time.time()
+            out.append(inv.FaultWindow(f.kind, hit, f.started_at, end))
+        return out
+
+    def _priority_checks(
+        self, cl: ChaosCluster, journals: Mapping[str, JournalData], specs: Mapping[str, Any]
+    ) -> list[inv.Violation]:
+        """The priority scenario: executions laid out in time from the tasks' own marks,
+        against the executors' journals, their logged preemptions and the faults."""
+        res = self.result
+        execs = read_executions(self.root / "marks")
+        acked = {a.id for a in self.wl.acked}
+        execs = {t: rs for t, rs in execs.items() if t in acked}
+        homes = {t: str(specs[t].home) for t in execs if t in specs}
+        windows = self._fault_windows(cl)
+        logged = [p for a in cl.agents for p in inv.logged_preemptions(a.name, a.log_text())]
+        out = inv.check_one_at_a_time(execs, homes, windows)
+        out += inv.check_recorded(execs, journals, windows)
+        rerun_v, why = inv.check_reruns(execs, journals, homes, windows)
+        out += rerun_v
+        out += inv.check_preemptions_recorded(logged, journals, windows)
+        out += inv.check_preemption_happened(journals)
+        pre = inv.preemptions(journals)
+        res.preemptions = len(pre)
+        victims = {e.task_id for e in pre}
+        remote = sum(1 for e in pre if homes.get(e.task_id, e.node) != e.node)
+        reruns = sum(max(0, len(rs) - 1) for rs in execs.values())
+        stopped = sum(1 for rs in execs.values() for r in rs if r.stopped)
+        res.notes.append(
+            f"preemption: {len(pre)} 'preempted by' transitions in the executors' journals "
+            f"({remote} of a guest task), {len(logged)} logged, {len(victims)} tasks preempted; "
+            f"{sum(len(rs) for rs in execs.values())} executions from marks, {stopped} stopped "
+            f"by a signal, {reruns} re-runs: {why['preempted']} after a preemption, "
+            f"{why['fault']} explained by a kill or cut"
+        )
+        return out
 
     def _detection(self, cl: ChaosCluster) -> None:
         """Time from each fault's start to the first agent that suspected a node it cut

@@ -35,6 +35,10 @@ class Scenario:
     globals: int = 3
     canary: bool = False  # add a burst at node 1 drained right after (self-test workload)
     encrypted: bool = False  # agents share a generated cluster key instead of --insecure
+    # two priority classes: waves of `low` tasks (task_seconds) fill every slot and queue,
+    # `high` ones (high_seconds) come a little later and preempt them; `bursts` = waves
+    priorities: bool = False
+    high_seconds: tuple[float, float] = (0.3, 1.5)
     description: str = ""
 
 
@@ -62,6 +66,7 @@ class SubmitPlan:
     seconds: float  # how long the task sleeps
     weight: float | None = None
     reserve: int = 0
+    priority: str | None = None  # a priority class name (`swarm submit --priority`)
 
 
 @attrs.frozen
@@ -153,6 +158,29 @@ def workload(sc: Scenario, rng: random.Random) -> list[SubmitPlan]:
     return out
 
 
+def priority_workload(sc: Scenario, rng: random.Random) -> list[SubmitPlan]:
+    """Waves: every node gets `slots + 1` low tasks at once (every slot taken, one more
+    queued), then, 1 s to 70 % of the wave later, `nodes // 2 + 1` high tasks at random
+    nodes, which find every slot held by low work and so preempt it."""
+    out: list[SubmitPlan] = []
+    span = max(1.0, sc.duration - 4.0)
+    waves = max(1, sc.bursts)
+    period = span / waves
+    for w in range(waves):
+        at = 0.5 + period * w
+        for node in range(1, sc.nodes + 1):
+            for k in range(sc.slots + 1):
+                secs = round(rng.uniform(*sc.task_seconds), 2)
+                t = at + 0.02 * k + rng.uniform(0.0, 0.3)
+                out.append(SubmitPlan(t, node, "low", secs, priority="low"))
+        for _ in range(sc.nodes // 2 + 1):
+            t = at + rng.uniform(1.0, max(1.5, 0.7 * period))
+            secs = round(rng.uniform(*sc.high_seconds), 2)
+            out.append(SubmitPlan(t, rng.randint(1, sc.nodes), "high", secs, priority="high"))
+    out.sort(key=lambda s: s.at)
+    return out
+
+
 def canary_burst(sc: Scenario) -> tuple[list[SubmitPlan], list[DrainPlan]]:
     """The other nodes drained first, so that a burst at node 1 of long-ish tasks and of
     reserving tasks that cannot all run at once stays in node 1's run queue; then node 1
@@ -177,7 +205,7 @@ def make_plan(sc: Scenario, seed: int, available: Sequence[str] | None = None) -
     lane2 = [k for k in sc.faults2 if ok is None or k in ok]
     faults = nemesis(sc, lane1, rng, 1) + nemesis(sc, lane2, rng, 2, warmup=8.0)
     faults.sort(key=lambda f: f.start)
-    submits = workload(sc, rng)
+    submits = priority_workload(sc, rng) if sc.priorities else workload(sc, rng)
     drain_plan = drains(sc, rng)
     if sc.canary:
         burst, drain_plan = canary_burst(sc)

@@ -57,6 +57,12 @@ FULL: tuple[Scenario, ...] = (
           faults2=("isolate", "one-way"), hold=(3.0, 8.0),
           description="a shared cluster key (AES-GCM, 0600 key file) instead of --insecure: "
           "kills, freezes and cuts, every agent under drop/delay/dup/reorder"),
+    # after `encrypted`: appended, so that the seeds of the scenarios above stay
+    _full("priority-preempt", priorities=True, bursts=6, globals=0, task_seconds=(2.5, 5.0),
+          high_seconds=(0.3, 1.5), faults=("kill",), faults2=("isolate", "split"),
+          hold=(3.0, 7.0),
+          description="two priority classes: waves of low tasks fill every slot, high "
+          "ones preempt them, under kill -9 and cuts (isolate, split)"),
 )  # fmt: skip
 
 SMOKE: tuple[Scenario, ...] = (

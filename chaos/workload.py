@@ -17,10 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from swarm.client import ClientError, RequestFailed
 
 from .cluster import ChaosAgent, ChaosCluster
-from .invariants import Acked
+from .invariants import Acked, Execution
 from .schedule import DrainPlan, SubmitPlan
 
 SUBMIT_TIMEOUT = 4.0
@@ -32,15 +34,58 @@ def task_argv(marks: Path, seconds: float) -> list[str]:
     return ["sh", "-c", f'echo "$SWARM_NODE $SWARM_ATTEMPT" >> {mark}; sleep {seconds}']
 
 
-def read_marks(marks: Path) -> dict[str, list[str]]:
-    """Task id -> the node of each execution that started its shell."""
-    out: dict[str, list[str]] = {}
+def timed_task_argv(marks: Path, seconds: float) -> list[str]:
+    """The task of the priority scenario: a mark with the wall time and the shell's pid
+    when it starts, when it ends, and when it is stopped (SIGTERM/SIGINT: a preemption,
+    a shutdown), so that executions can be laid out in time. A SIGKILL (an orphan killed
+    by its restarted agent) leaves no end."""
+    mark = shlex.quote(str(marks)) + '/"$SWARM_TASK_ID"'
+    say = f'm() {{ echo "$SWARM_NODE $SWARM_ATTEMPT $1 $(date +%s.%N) $$" >> {mark}; }}'
+    return ["sh", "-c", f"{say}; m start; trap 'm stop; exit 143' TERM INT; sleep {seconds}; m end"]
+
+
+def _mark_files(marks: Path) -> list[tuple[str, list[str]]]:
+    out = []
     for p in marks.iterdir() if marks.is_dir() else []:
         try:
-            lines = p.read_text(errors="replace").splitlines()
+            out.append((p.name, p.read_text(errors="replace").splitlines()))
         except OSError:
             continue
-        out[p.name] = [ln.split()[0] for ln in lines if ln.strip()]
+    return out
+
+
+def read_marks(marks: Path) -> dict[str, list[str]]:
+    """Task id -> the node of each execution that started its shell (the start line of
+    a timed mark; its end/stop lines are not executions)."""
+    out: dict[str, list[str]] = {}
+    for tid, lines in _mark_files(marks):
+        fields = [ln.split() for ln in lines if ln.strip()]
+        out[tid] = [f[0] for f in fields if len(f) < 3 or f[2] == "start"]
+    return out
+
+
+def read_executions(marks: Path) -> dict[str, list[Execution]]:
+    """Task id -> its executions from timed marks (`timed_task_argv`), by start time:
+    a start line paired with the end or stop line of the same shell (pid)."""
+    out: dict[str, list[Execution]] = {}
+    for tid, lines in _mark_files(marks):
+        open_: dict[str, int] = {}  # pid -> index of its execution without an end yet
+        runs: list[Execution] = []
+        for ln in lines:
+            f = ln.split()
+            if len(f) < 5:
+                continue
+            try:
+                node, attempt, what, at, pid = f[0], int(f[1]), f[2], float(f[3]), f[4]
+            except ValueError:
+                continue
+            if what == "start":
+                open_[pid] = len(runs)
+                runs.append(Execution(node, attempt, at))
+            elif what in ("end", "stop") and pid in open_:
+                k = open_.pop(pid)
+                runs[k] = attrs.evolve(runs[k], end=at, stopped=what == "stop")
+        out[tid] = sorted(runs, key=lambda r: r.start)
     return out
 
 
@@ -51,8 +96,10 @@ class Workload:
         marks: Path,
         t0: float,
         log: Callable[[str], None] = lambda s: None,
+        timed: bool = False,
     ) -> None:
         self.cl = cl
+        self.argv = timed_task_argv if timed else task_argv
         self.marks = marks
         marks.mkdir(parents=True, exist_ok=True)
         self.t0 = t0
@@ -93,12 +140,14 @@ class Workload:
             extra["reserve_shares"] = sp.reserve
         if sp.kind == "global":
             extra["is_global"] = True
+        if sp.priority is not None:
+            extra["priority"] = sp.priority
         with self._lock:
             self.attempted += 1
         try:
             with a.client(timeout=SUBMIT_TIMEOUT) as c:
                 tid = c.submit(
-                    task_argv(self.marks, sp.seconds),
+                    self.argv(self.marks, sp.seconds),
                     cwd="/",
                     no_retry=sp.kind == "no-retry",
                     name=sp.kind,

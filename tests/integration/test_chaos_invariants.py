@@ -355,9 +355,11 @@ def test_the_keyed_check_names_plaintext_and_failed_authentication() -> None:
     assert inv.check_encrypted("n3", "", None)[0].invariant == inv.ENCRYPTED
 
 
-def test_the_full_suite_has_a_keyed_scenario_and_it_comes_last() -> None:
-    keyed = [sc for sc in FULL if sc.encrypted]
-    assert keyed and FULL[-1].encrypted  # appended: the other scenarios keep their seeds
+def test_the_full_suite_has_a_keyed_scenario_and_newer_ones_come_after_it() -> None:
+    # appended: the scenarios before each keep their seeds (suite seed + index)
+    names = [sc.name for sc in FULL]
+    assert [sc.name for sc in FULL if sc.encrypted] == ["encrypted"]
+    assert names.index("encrypted") == 14 and names[15:] == ["priority-preempt"]
     assert not any(sc.encrypted for sc in SMOKE)
 
 
