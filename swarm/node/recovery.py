@@ -27,6 +27,7 @@ GUEST = "guest:"
 TOMB = "tomb:"
 GPU = "gpu:"
 GLOBALS_KEY = "globals"
+USAGE_KEY = "usage"  # this node's decayed usage per principal (fair share, runqueue.py)
 TOMB_TTL = 600.0  # seconds a guest tombstone is kept
 
 

@@ -30,6 +30,7 @@ from ..policy.sharing import Sharing
 from ..policy.view import LoadView
 from . import events as ev
 from .records import TaskRecords
+from .recovery import USAGE_KEY
 
 S = m.TaskState
 ONE_SLOT = fair.Resources(slots=1.0)
@@ -197,6 +198,20 @@ class RunQueue:
         rows = sorted(groups.items(), key=lambda x: (-sum(x[1]), x[0]))
         group_rows = [(name, q, r) for name, (q, r) in rows[: lim.MAX_REPORT_GROUPS]]
         return _fit(_top_bands(bands), group_rows, usage)
+
+    def usage_record(self, wall: float) -> ev.Persist:
+        """This node's usage, to journal (a restart keeps what its users used)."""
+        self.accrue(wall)
+        kept = fair.bounded(self.used, self.sharing.half_life, wall, 256)
+        rows = [[p, wall, *d.value.as_tuple()] for p, d in sorted(kept.items())]
+        return ev.Persist((ev.Put(USAGE_KEY, rows),))
+
+    def restore_usage(self, value: Any) -> None:
+        """From the journal at start: [[principal, at, slots, cpu, mem, gpu], ...]."""
+        for row in value:
+            p, at, *v = row
+            if isinstance(p, str) and len(v) == 4:
+                self.used[p] = fair.Decayed(fair.Resources(*map(float, v)), float(at))
 
     def _held(self) -> Iterable[tuple[m.TaskId, bool]]:
         for tid in self.queued:

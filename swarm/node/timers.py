@@ -20,6 +20,7 @@ HANDOFF_BUSY = 0.2  # retries are due only while something is in flight:
 HANDOFF_IDLE = 1.0  # idle nodes wake rarely
 GLOBALS_SOME = 10.0  # the timer that catches joins of the view (gossip kicks sooner)
 GLOBALS_NONE = 30.0
+USAGE_EVERY = 60.0  # seconds between journal writes of this node's fair-share usage
 
 
 class Timers:
@@ -39,6 +40,7 @@ class Timers:
         def tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
         def handoff_busy(self) -> bool: ...
         def step(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]: ...
+        def usage_record(self, wall: float) -> ev.Persist: ...
 
     def start_timers(self, now: float) -> list[ev.Instruction]:
         """When the runtime starts: a report at once, the rest after their period."""
@@ -46,6 +48,7 @@ class Timers:
             "report": now,
             "handoff": now + (HANDOFF_BUSY if self.handoff_busy() else HANDOFF_IDLE),
             "globals": now + (GLOBALS_SOME if self.globals.members else GLOBALS_NONE),
+            "usage": now + USAGE_EVERY,
         }
         if self.transfer_interval is not None:
             self.due["transfer"] = now + self.transfer_interval
@@ -63,6 +66,9 @@ class Timers:
         if due and now >= due["report"]:
             out.append(ev.Sample())
             due["report"] = now + self.report_interval
+        if "usage" in due and now >= due["usage"]:
+            out.append(self.usage_record(wall))
+            due["usage"] = now + USAGE_EVERY
         if "transfer" in due and now >= due["transfer"] and self.transfer_interval is not None:
             out.append(ev.TransferRound())
             due["transfer"] = now + self.transfer_interval

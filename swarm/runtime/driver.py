@@ -50,6 +50,7 @@ from .transfers import TransferIO
 S = m.TaskState
 GLOBALS_KEY = recovery.GLOBALS_KEY
 TOMB_TTL = recovery.TOMB_TTL
+USAGE_KEY = recovery.USAGE_KEY
 
 
 class Driver(Effects):
@@ -200,6 +201,12 @@ class Driver(Effects):
         )
         if globals_ is not None:
             self.state.globals = globals_
+        usage = kv.get(USAGE_KEY)
+        if usage is not None:
+            try:
+                self.state.restore_usage(usage)
+            except (TypeError, ValueError) as e:
+                self.log.error("usage.bad_record", error=str(e))
         for i in instrs:
             self._do(i)  # log lines and journal deletes: nothing here awaits
 

@@ -377,3 +377,18 @@ def test_a_groups_weight_scales_its_members_share() -> None:
     qv = view({"alice": 4.0, "bob": 2.0})
     assert rq.order(specs, qv) == ["b", "a"]
     assert rq.order(specs, qv, parse(None, {"big": {"weight": 4}}).weights()) == ["a", "b"]
+
+
+def test_usage_is_journaled_and_restored_after_a_restart() -> None:
+    n = node_with(slots=1)
+    start(n, spec("a", user="alice"), wall=100.0)
+    rec = n.state.usage_record(160.0)
+    (put,) = rec.ops
+    assert isinstance(put, ev.Put) and put.key == "usage"
+    again = node_with(slots=1)
+    again.state.restore_usage(wire.unpack(wire.pack(put.value)))
+    assert again.state.used["alice"].at_time(160.0, 86_400.0).slots == pytest.approx(60.0)
+    # the timers write it once a minute
+    n.state.start_timers(0.0)
+    out = n.state.wake_all(61.0, 161.0)
+    assert any(isinstance(i, ev.Persist) and i.ops[0].key == "usage" for i in out)
