@@ -1,4 +1,4 @@
-"""The six experiments of `swarm sim NAME`: each runs, plots and explains itself.
+"""The seven experiments of `swarm sim NAME`: each runs, plots and explains itself.
 
 Every experiment returns a `report.Outcome` (tables, figures, prose with the figures it
 measured, and the checks the issue asks for) and writes NAME.csv, NAME.png and NAME.md
@@ -21,6 +21,7 @@ from swarm.policy import migration as mig
 from swarm.policy.transfer import TransferConfig
 
 from . import balls as balls_mod
+from . import fairsim as fs
 from . import plots
 from .calibrate import measure_load_age
 from .engine import (
@@ -1240,6 +1241,340 @@ sets how many violations each extra admitted task costs.
     )
 
 
+# ------------------------------------------------------------------ 7. fairness
+
+FAIR_SEEDS = 5
+# Student's t at 97.5 % for n - 1 degrees of freedom (95 % two-sided intervals).
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
+    """The mean and the half-width of its 95 % confidence interval (t distribution;
+    nan with one value)."""
+    n = len(xs)
+    mu = sum(xs) / n
+    if n < 2:
+        return mu, math.nan
+    sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (n - 1))
+    return mu, T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def _smooth(series: Sequence[tuple[float, float]], k: int) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for i in range(0, len(series) - k + 1, k):
+        chunk = series[i : i + k]
+        xs.append(sum(t for t, _ in chunk) / len(chunk))
+        ys.append(sum(j for _, j in chunk) / len(chunk))
+    return xs, ys
+
+
+@_timed
+def fairness(p: Params) -> Outcome:
+    """Fair share (DRF on stale gossip) and an elastic quota against a central DRF
+    scheduler on the same trace; quota overshoot as a function of gossip delay."""
+    seeds = [p.seed + k for k in range(FAIR_SEEDS)]
+    small = p.nodes or 100
+    big = None if p.nodes else 1000
+    sec = fs.SECOND
+
+    def cfg_for(n: int, capped: bool, seed: int, **kw: object) -> fs.FairSimConfig:
+        base = fs.FairSimConfig(
+            nodes=n,
+            seed=seed,
+            delay=fs.default_delay(n) * sec,
+            cap_fraction=fs.DEFAULT.cap_fraction if capped else None,
+        )
+        return attrs.evolve(base, **kw)  # type: ignore[arg-type]
+
+    def pair(n: int, capped: bool) -> list[tuple[fs.FairResult, fs.FairResult]]:
+        out = []
+        for sd in seeds:
+            c = cfg_for(n, capped, sd)
+            tr = fs.trace(c)
+            out.append((fs.run_swarm(c, tr), fs.run_central(c, tr)))
+        return out
+
+    configs = [(small, True), (small, False)] + ([(big, False)] if big else [])
+    runs = {(n, cap): pair(n, cap) for n, cap in configs}
+    rows = []
+    ratio: dict[tuple[int, bool], tuple[float, float]] = {}
+    cost: dict[tuple[int, bool], tuple[float, float]] = {}
+    for (n, capped), rs in runs.items():
+        ratio[(n, capped)] = mean_ci([s.jain / c.jain for s, c in rs])
+        cost[(n, capped)] = mean_ci([s.mean_response / c.mean_response - 1.0 for s, c in rs])
+        for k, name in ((0, "swarm"), (1, "central")):
+            got = [r[k] for r in rs]
+            jn, jci = mean_ci([r.jain for r in got])
+            rt, rci = mean_ci([r.mean_response for r in got])
+            pk, pci = (
+                mean_ci([100 * r.overshoot_peak for r in got]) if capped else (math.nan, math.nan)
+            )
+            me = mean_ci([100 * r.overshoot_mean for r in got])[0] if capped else math.nan
+            rows.append(
+                (
+                    n,
+                    f"{fs.DEFAULT.cap_fraction:.0%} of slots" if capped else "none",
+                    name,
+                    len(seeds),
+                    jn,
+                    jci,
+                    ratio[(n, capped)][0] if k == 0 else 1.0,
+                    mean_ci([r.jain_raw for r in got])[0],
+                    rt,
+                    rci,
+                    cost[(n, capped)][0] if k == 0 else 0.0,
+                    mean_ci([r.utilisation for r in got])[0],
+                    pk,
+                    pci,
+                    me,
+                )
+            )
+    table = Table.of(
+        [
+            "nodes",
+            "quota",
+            "scheduler",
+            "seeds",
+            "Jain (alloc / DRF share)",
+            "+-95%",
+            "Jain vs central",
+            "Jain of raw shares",
+            "mean response (S)",
+            "+-95%",
+            "response vs central",
+            "utilisation",
+            "peak overshoot % of cap",
+            "+-95%",
+            "mean overshoot % of cap",
+        ],
+        rows,
+    )
+    # Quota overshoot as a function of the gossip delay (capped workload, `small` nodes).
+    default_d = fs.default_delay(small)
+    delays: list[tuple[str, float | None]] = [
+        ("fresh (no gossip)", None),
+        (f"{default_d:.2f} s (default, n = {small})", default_d),
+        (f"{fs.default_delay(1000):.2f} s (the default delay at n = 1000)", fs.default_delay(1000)),
+        ("30 s", 30.0),
+    ]
+    qrows = []
+    qx: list[float] = []
+    qpeak: list[float] = []
+    qmean: list[float] = []
+    for label, d in delays:
+        if d == default_d:
+            got = [s for s, _ in runs[(small, True)]]
+        else:
+            got = []
+            for sd in seeds:
+                kw: dict[str, object] = {"fresh": True} if d is None else {"delay": d * sec}
+                got.append(fs.run_swarm(cfg_for(small, True, sd, **kw)))
+        pk, pci = mean_ci([100 * r.overshoot_peak for r in got])
+        me, mci = mean_ci([100 * r.overshoot_mean for r in got])
+        qrows.append(
+            (
+                label,
+                0.0 if d is None else d,
+                len(seeds),
+                pk,
+                pci,
+                me,
+                mci,
+                mean_ci([r.utilisation for r in got])[0],
+                mean_ci([r.cap_use for r in got])[0],
+                mean_ci([r.jain for r in got])[0],
+            )
+        )
+        qx.append(0.0 if d is None else d)
+        qpeak.append(pk)
+        qmean.append(me)
+    qtable = Table.of(
+        [
+            "gossip delay",
+            "delay s",
+            "seeds",
+            "peak overshoot % of cap",
+            "+-95%",
+            "mean overshoot % of cap",
+            "+-95%",
+            "utilisation",
+            "batch running / cap",
+            "Jain (alloc / DRF share)",
+        ],
+        qrows,
+    )
+    # Figures: Jain's index over the day (first seed), and overshoot vs delay.
+    series = []
+    shown = [(small, True)] + ([(big, False)] if big else [(small, False)])
+    for (n, capped), col in zip(shown, ("tab:blue", "tab:orange"), strict=True):
+        s, c = runs[(n, capped)][0]
+        tag = f"n = {n}, {'capped' if capped else 'no cap'}"
+        day = fs.DEFAULT.day
+        sx, sy = _smooth(s.series, 5)
+        cx, cy = _smooth(c.series, 5)
+        series.append(plots.Series(f"swarm, {tag}", [x / day for x in sx], sy, "-", 1.2, col))
+        series.append(plots.Series(f"central, {tag}", [x / day for x in cx], cy, ":", 1.2, col))
+    plots.lines(
+        p.out / "fairness.png",
+        series,
+        title="Jain's index of dominant shares (allocation / DRF share), seed " + str(seeds[0]),
+        xlabel="time (days; a day is 24 S)",
+        ylabel="Jain's index (mean of 5 samples)",
+    )
+    plots.lines(
+        p.out / "fairness_quota.png",
+        [
+            plots.Series("peak", qx, qpeak, "o-"),
+            plots.Series("time average", qx, qmean, "s-"),
+        ],
+        title=f"Quota overshoot vs gossip delay (n = {small}, report every 1 s)",
+        xlabel="dissemination delay (s; 0 = fresh views)",
+        ylabel="% of the cap",
+        hline=(5.0, "target 5 %"),
+    )
+    within = {k: v[0] >= 0.95 for k, v in ratio.items()}
+    peak_default = next(r[3] for r in qrows if r[1] == default_d)
+    peak_default_ci = next(r[4] for r in qrows if r[1] == default_d)
+    mean_default = next(r[5] for r in qrows if r[1] == default_d)
+    peak_fresh = qrows[0][3]
+    peak_big = qrows[2][3]
+    jain_fresh, jain_default = qrows[0][-1], next(r[-1] for r in qrows if r[1] == default_d)
+    use_c = mean_ci([c.cap_use for _, c in runs[(small, True)]])[0]
+    use_s = mean_ci([s.cap_use for s, _ in runs[(small, True)]])[0]
+    util_s = mean_ci([s.utilisation for s, _ in runs[(small, True)]])[0]
+    util_c = mean_ci([c.utilisation for _, c in runs[(small, True)]])[0]
+    cap_slots = attrs.evolve(fs.DEFAULT, nodes=small).cap
+
+    held = [k for k, ok in within.items() if ok]
+    missed = [k for k, ok in within.items() if not ok]
+
+    def where(ks: list[tuple[int, bool]]) -> str:
+        return ", ".join(f"n = {n} {'with' if c else 'without'} the quota" for n, c in ks)
+
+    targets = (
+        "Jain's index within 5 % of the central scheduler's: "
+        + (f"holds ({where(held)})" if held else "")
+        + ("; " if held and missed else "")
+        + (f"does not hold ({where(missed)})" if missed else "")
+        + ". Quota overshoot under 5 % of the cap at the default timers: "
+        + (
+            f"holds (peak {peak_default:.1f} +- {peak_default_ci:.1f} %)."
+            if peak_default < 5.0
+            else f"not met for the peak ({peak_default:.1f} +- {peak_default_ci:.1f} % of"
+            f" the cap at n = {small}"
+            + (", an interval that straddles 5 %" if peak_default - peak_default_ci < 5 else "")
+            + f"); the time average ({mean_default:.2f} %) is well under it, but the"
+            " target does not say average and is not counted as met. With the delay"
+            f" gossip has at 1,000 nodes the peak is {peak_big:.1f} % (on this"
+            f" {small}-node cluster; quotas were not simulated at 1,000 nodes)."
+        )
+    )
+
+    def rat(k: tuple[int, bool]) -> str:
+        mu, ci = ratio[k]
+        return f"{mu:.3f} +- {ci:.3f}"
+
+    def rtc(k: tuple[int, bool]) -> str:
+        mu, ci = cost[k]
+        return f"{mu:+.1%} +- {ci:.1%}"
+
+    big_txt = (
+        f" At n = {big} (no cap) it is {rat((big, False))} and costs {rtc((big, False))}."
+        if big
+        else ""
+    )
+    users = ", ".join(f"{u.name} ({u.group}, {u.cpu:g} CPU, {u.mem_gib:g} GiB)" for u in fs.USERS)
+    return Outcome(
+        name="fairness",
+        title="7. Fair share and quotas without a leader vs a central DRF scheduler",
+        setup=f"""
+`sim.fairsim`: n nodes of {fs.DEFAULT.slots} slots ({fs.DEFAULT.cpus:g}
+CPUs, {fs.DEFAULT.mem_gib:g} GiB: CPU and memory are counted by DRF, a node runs
+{fs.DEFAULT.slots} tasks whatever they ask). Six users with Zipf-skewed demand
+(1, 1/2, ... 1/6 of the load): {users}. Arrivals are Poisson with a diurnal rate
+(x (1 + 0.6 sin), two time zones a quarter day apart), mean offered load
+{fs.DEFAULT.load:.0%} of the slots (peaks above 100 %); service exponential,
+mean S = one minute; a day is compressed to {fs.DEFAULT.day:g} S and measured
+after {fs.DEFAULT.warmup:g} S of warm-up; the fair-share half-life is that day
+(the agent's default, one day). In the capped runs group *batch* (alice) has
+quota-max = {fs.DEFAULT.cap_fraction:.0%} of the slots, quota-floor 1 (the
+default).
+
+- *swarm*: a task goes to the less loaded of two random nodes (fresh lengths; no
+  stealing or pushing afterwards, which the agent has: pessimistic) and each node
+  orders its own queue with `node.runqueue.order` on a stale cluster usage view and
+  gates batch's tasks with `node.runqueue.quota_refusal` on the others' gossiped
+  per-node group rows. Every node reports each second (random phase) and the others
+  see a report after the dissemination delay that swarm's real SWIM core measured at
+  the LAN timers: {fs.default_delay(100):.2f} s at 100 nodes,
+  {fs.default_delay(1000):.2f} s at 1,000 (`fairsim.DISSEMINATION`; at 1,000 nodes a
+  lower bound).
+- *central* (the yardstick): one omniscient scheduler over all slots with fresh
+  usage, each start by `policy.fairness.drf_schedule`, the cap enforced exactly.
+
+Jain's index (`policy.fairness.jain_index`) is taken every 0.1 S over the users with
+work in the system, of each user's running tasks divided by what DRF would give it at
+that moment (max-min fairness of dominant shares by progressive filling, given each
+user's tasks in the system and the cap: `fairsim.drf_allocation`); 1 means every user
+has exactly its DRF share. *Jain of raw shares* is the index of the dominant shares
+themselves (light users want less than an equal share, so it is far below 1 for both,
+and it rises when the biggest user is held back, even by idle slots). Overshoot: the
+capped group's running tasks above the cap, at every start (peak) and sampled (time
+average). Each figure is the mean over seeds {seeds[0]} to {seeds[-1]} with the
+half-width of its 95 % confidence interval (t distribution); *vs central* is the mean
+of the per-seed ratios. The runs with a quota are at n = {small} only: the agent's
+split (`policy.quota.whole_slots`) reads every node's row, so simulating it costs
+O(n^2) per report interval (about 15 s per run at 100 nodes).
+
+Command: `swarm sim fairness --out docs/experiments` (seeds 1 to 5; `--seed S` starts
+the five at S; `--nodes N` runs N nodes only, capped and not, which takes seconds for
+a few tens of nodes).
+""",
+        tables=[("fairness", table), ("fairness_quota", qtable)],
+        figures=[
+            ("fairness.png", "Jain's index over the day, swarm (solid) vs central (dotted)"),
+            ("fairness_quota.png", "Quota overshoot (% of the cap) vs dissemination delay"),
+        ],
+        findings=f"""
+**Fairness.** Ordering each node's own queue by stale cluster-wide usage keeps Jain's
+index at {rat((small, True))} of the central scheduler's with the quota
+and {rat((small, False))} without, at n = {small}.{big_txt} The central
+scheduler stays close to 1 (it is DRF with fresh data over one pool). Staleness is
+not what swarm loses: with fresh views its index is {jain_fresh:.3f}, at the default
+delay {jain_default:.3f} (second table, capped, n = {small}). The gap comes with
+running the order per node (a task waits on the node it was placed on while a slot
+frees elsewhere for someone else, and a node chooses only among its own queue; this
+simulator does not move queued tasks, which the agent's stealing would). The cost in
+mean response time is {rtc((small, True))} with the quota and {rtc((small, False))}
+without at n = {small}. With the quota, swarm also runs the capped group below its
+cap on average ({use_s:.0%} of it, against {use_c:.0%} for the central scheduler;
+utilisation {util_s:.3f} against {util_c:.3f}). A likely cause: the gate splits the
+cap by each node's batch demand, queued tasks included, so part of the cap goes to
+nodes whose slots are busy with other users' work while batch tasks wait elsewhere.
+
+**Quota overshoot.** At the default timers (n = {small}) batch's peak is
+{peak_default:.1f} +- {peak_default_ci:.1f} % above its cap of {cap_slots:g} slots
+(time average {mean_default:.2f} %); with fresh views it is {peak_fresh:.1f} %. The
+peak does not come from gossip delay alone: every node holding batch work may start
+`quota-floor` (1) task whatever its share, and a node never stops work to honour a
+new split, so when demand moves between nodes the old and new holders both run it.
+The second table shows how much the delay adds on top.
+
+**The issue's targets.** {targets}
+""",
+        checks={
+            **{
+                f"Jain's index within 5 % of the central scheduler's (n = {n}, "
+                f"{'quota' if c else 'no quota'})": ok
+                for (n, c), ok in within.items()
+            },
+            f"peak quota overshoot under 5 % of the cap at the default timers (n = {small})": (
+                peak_default < 5.0
+            ),
+        },
+    )
+
+
 # ------------------------------------------------------------------ registry
 
 EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
@@ -1249,6 +1584,7 @@ EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
     "transfer": transfer,
     "shares": shares,
     "flex": flex,
+    "fairness": fairness,
 }
 
 INTRO = """
