@@ -144,6 +144,8 @@ class RunQueue:
     used_at: float  # wall time usage was last accrued
     preempted_at: deque[float]  # wall times of this node's recent preemptions
     preempting: dict[m.TaskId, m.TaskId]  # victims being stopped -> the task they yield to
+    quota_epoch: int  # bumped when what the quota gate reads changes
+    quota_memo: dict[str, tuple[int, str]]  # group -> (epoch, its refusal then)
     counters: dict[str, int]
 
     if TYPE_CHECKING:  # provided by Placing
@@ -235,8 +237,24 @@ class RunQueue:
         return order(specs, qv, self.sharing.weights())
 
     def quota_refusal(self, spec: m.TaskSpec) -> str | None:
+        """Why a capped group's task may not start here now. A refusal is remembered
+        until something it read changes (a peer's report, a start or an end here,
+        `quota_epoch`): a dispatch pass over a long queue of one capped group then
+        costs one look, not one per task (each look reads every node's row)."""
         if not spec.group:
             return None
+        g = self.sharing.group(spec.group)
+        if g is None or g.quota_max is None:
+            return None
+        memo = self.quota_memo.get(spec.group)
+        if memo is not None and memo[0] == self.quota_epoch:
+            return memo[1]
+        why = self._quota_refusal(spec)
+        if why is not None:
+            self.quota_memo[spec.group] = (self.quota_epoch, why)
+        return why
+
+    def _quota_refusal(self, spec: m.TaskSpec) -> str | None:
         seen = {n: e.report.groups for n, e in self.view.items() if n != self.node}
         run = que = 0
         counted = False

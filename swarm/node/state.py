@@ -124,6 +124,8 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
         self.preempted_at: deque[float] = deque()
         self.preempting: dict[m.TaskId, m.TaskId] = {}
         self.share_cache: tuple[float, dict[str, Any]] | None = None
+        self.quota_epoch = 0
+        self.quota_memo: dict[str, tuple[int, str]] = {}
         self.counters: dict[str, int] = {
             "placements": 0,
             "placed_local": 0,
@@ -197,6 +199,7 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
 
     def on_started(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
         self.accrue(wall)  # usage so far, before this task counts
+        self.quota_epoch += 1
         out: list[ev.Instruction] = []
         lt = self.ledger.get(task.id)
         if lt is not None and not lt.running:  # normally taken by the gate already
@@ -221,6 +224,7 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
         """A local run ended: terminal, back to the queue (shutdown, preempted), or
         stopped to move."""
         self.accrue(wall)
+        self.quota_epoch += 1
         self.preempt_ended(task.id)
         if task.state is S.MIGRATING:
             lt = self.ledger.get(task.id)

@@ -34,6 +34,7 @@ class Timers:
     view: LoadView
     jobs: dict[m.TaskId, Any]
     sharing: Sharing
+    quota_epoch: int
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -95,12 +96,13 @@ class Timers:
         out: list[ev.Instruction] = []
         if report.shares > 0 and prev is not None and prev.report.shares <= 0:
             out.append(ev.SyncGlobals())
-        if (
-            prev is not None
-            and report.groups != prev.report.groups
-            and any(g.quota_max is not None for g in self.sharing.groups)
-        ):
-            out.append(ev.KickRunner())  # a capped group's share may have freed up here
+        if prev is None or report.groups != prev.report.groups:
+            self.quota_epoch += 1  # what the quota gate read has changed
+            if any(
+                g.quota_max is not None and _rows(report, g.name) != _rows(prev, g.name)
+                for g in self.sharing.groups
+            ):
+                out.append(ev.KickRunner())  # a capped group's share may have freed up
         for tid in list(self.jobs):
             out += self.step(tid, now, wall)
         return out
@@ -109,3 +111,11 @@ class Timers:
         """This node's shares changed (drain, undrain, `swarm shares`): publish, and let
         global tasks that a cluster without shares held back start now."""
         return [ev.PublishLoad(), ev.SyncGlobals()]
+
+
+def _rows(r: m.LoadReport | Any, group: str) -> tuple[tuple[str, int, int], ...]:
+    """A report's rows for one group (`r` a LoadReport or a view entry, or None)."""
+    if r is None:
+        return ()
+    report = r if isinstance(r, m.LoadReport) else r.report
+    return tuple(x for x in report.groups if x[0] == group)

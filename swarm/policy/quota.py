@@ -1,12 +1,23 @@
-"""Elastic quotas without a leader (pure; issue 20, not wired yet).
+"""Elastic quotas without a leader (pure; issue 20).
 
-A group's cluster-wide cap (`max`) is enforced approximately: each node may start the
-group's work up to its *local allowance*, the cap split in proportion to the group's
-demand as gossiped by each node (distributed rate limiting's split), plus what the
-group already runs here, so a node never has to stop work to honour a new split. A
-node whose demand the others have not heard of yet still gets `floor` (a small share
-of the cap), so new demand is never starved by stale gossip; the price is a bounded
-overshoot: at most `floor` per node whose demand is not yet in the others' views.
+A group's cluster-wide cap (`max`, in slots) is enforced approximately. The agent's
+gate (node/runqueue.quota_refusal) counts what the group runs on every node (never
+cut) and splits what is left of the cap by the queued demand each node gossips, in
+whole slots (`whole_slots`, largest remainder, ties to the node named first): nodes
+that see the same rows give out exactly the cap in all.
+
+The overshoot comes from staleness only: a node decides on its own fresh counts and
+the others' last reports, so starts that no report has shown yet are counted by
+their own node alone. Within one gossip delay D each node can start at most what its
+own view allows; the bound is the group's starts made cluster-wide in D that another
+node's view has not seen (in the worst case, a node that has heard of no other
+node's demand gives itself the whole cap). `swarm sim fairness` measures it against
+D (docs/experiments.md, section 7). An optional `floor` lets a node always start
+that much for demand of its own (never starved by stale rows) at a bounded, lasting
+cost of `floor` per such node (`overshoot_bound`).
+
+`local_allowance` is the fractional form of the same split (distributed rate
+limiting's), kept for comparison.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ class FairSimConfig:
     warmup: float = 2.0  # not measured
     capped_group: str = "batch"
     cap_fraction: float | None = 0.3  # the capped group's quota-max / all slots; None: no cap
-    quota_floor: float = 1.0  # the agent's default
+    quota_floor: float = 0.0  # the agent's default
     report_interval: float = SECOND  # the agent's default: a report a second
     delay: float = default_delay(100) * SECOND
     fresh: bool = False  # every view exact and instant (no gossip at all)

@@ -392,3 +392,26 @@ def test_usage_is_journaled_and_restored_after_a_restart() -> None:
     n.state.start_timers(0.0)
     out = n.state.wake_all(61.0, 161.0)
     assert any(isinstance(i, ev.Persist) and i.ops[0].key == "usage" for i in out)
+
+
+def test_a_quota_refusal_is_looked_up_once_until_what_it_read_changes() -> None:
+    n = capped(1)
+    for i in range(3):
+        n.submit(spec(f"g{i}", group="ml"), 1.0)
+        n.run_here(f"g{i}")
+    assert n.try_start("g0") is None
+    calls = []
+    real = n.state._quota_refusal
+
+    def counting(s: m.TaskSpec) -> str | None:
+        calls.append(s.id)
+        return real(s)
+
+    n.state._quota_refusal = counting  # type: ignore[method-assign]
+    assert n.try_start("g1") is not None and n.try_start("g2") is not None
+    assert calls == ["g1"]  # the second look used the first's answer
+    peer = m.LoadReport("p1", 1, groups=(("ml", 1, 0),))
+    n.run(n.state.on_peer_report(peer, 2.0, 2.0, 2.0))
+    assert n.try_start("g2") is not None and calls == ["g1", "g2"]  # looked again
+    n.finish("g0")
+    assert n.try_start("g1") is None  # the slot of the group freed: it starts
