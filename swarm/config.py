@@ -137,6 +137,7 @@ class Config:
     preempt_per_minute: int
     fair_share_half_life: str
     quota_floor: float
+    quota_lag: float
     config_file: Path | None = None
     sharing: Sharing = attrs.field(factory=Sharing)
 
@@ -245,6 +246,7 @@ def load_config(
             preempt_per_minute=values["preempt_per_minute"],
             half_life=parse_duration(values["fair_share_half_life"]) or 86_400.0,
             quota_floor=values["quota_floor"],
+            quota_lag=values["quota_lag"],
         )
     except SharingError as e:
         raise ConfigError(e.key, e.message) from None

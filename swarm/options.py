@@ -169,6 +169,14 @@ OPTIONS: tuple[Option, ...] = (
         " node may then overshoot the cap by this much)",
         _non_negative,
     ),
+    Option(
+        "quota-lag",
+        "float",
+        2.0,
+        "seconds: a node splits a capped group's quota on its own queued demand as it was"
+        " this long ago (as the others see it: about one gossip dissemination)",
+        _non_negative,
+    ),
 )
 
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

@@ -45,7 +45,8 @@ class LoadState:
     needs: dict[m.TaskId, pl.Needs]
     state_here: set[m.TaskId]
     admission_hook: Callable[[m.TaskSpec], str | None] | None
-    share_cache: tuple[float, dict[str, Any]] | None
+    share_cache: tuple[float, tuple[int, int], dict[str, Any]] | None
+    running: Any
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -99,9 +100,10 @@ class LoadState:
         """The report's bands, groups and usage (runqueue.py), refreshed at most every
         quarter second: placement builds a local report per task."""
         c = self.share_cache
-        if c is None or not 0 <= wall - c[0] < 0.25:
-            c = self.share_cache = (wall, self.share_fields(wall))
-        return c[1]
+        counts = (len(self.queued), len(self.running))
+        if c is None or c[1] != counts or not 0 <= wall - c[0] < 0.25:
+            c = self.share_cache = (wall, counts, self.share_fields(wall))
+        return c[2]
 
     def on_sample(self, sample: loadpol.HostSample, now: float) -> None:
         """A fresh host measurement: peak usage and Flex's over-commit factor follow."""
@@ -173,7 +175,11 @@ def changed_meaningfully(old: m.LoadReport, new: m.LoadReport) -> bool:
         or old.gpus != new.gpus
         or old.isolation != new.isolation
         or old.criu != new.criu
+        or old.bands != new.bands
+        or old.groups != new.groups
     ):
+        return True
+    if usage_moved(old.usage, new.usage):
         return True
     if abs(old.cpu_util - new.cpu_util) > 0.1 or abs(old.load_per_core - new.load_per_core) > 0.1:
         return True
@@ -181,6 +187,21 @@ def changed_meaningfully(old: m.LoadReport, new: m.LoadReport) -> bool:
         return True
     total = max(new.mem_total, 1)
     return abs(old.mem_available - new.mem_available) / total > 0.05
+
+
+def usage_moved(
+    old: tuple[tuple[str, float, float, float, float], ...],
+    new: tuple[tuple[str, float, float, float, float], ...],
+) -> bool:
+    """Fair-share usage worth gossiping: a principal came or went, or one's
+    slot-seconds moved by more than 10 % (usage grows while tasks run: every change
+    would be a new report a second)."""
+    if len(old) != len(new):
+        return True
+    for a, b in zip(old, new, strict=True):
+        if a[0] != b[0] or abs(a[1] - b[1]) > 0.1 * max(a[1], b[1], 1.0):
+            return True
+    return False
 
 
 def unmeasured() -> loadpol.HostSample:

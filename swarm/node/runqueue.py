@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -130,6 +130,22 @@ def quota_refusal(
     return None
 
 
+def lagged_demand(history: Sequence[tuple[float, int]], now: float, lag: float, fresh: int) -> int:
+    """This node's queued demand of a group as the others see it: the value it
+    recorded `lag` seconds ago (about one gossip dissemination; 0 if none then), never
+    more than now. Splitting the cap on the same rows as the others keeps two nodes
+    from each taking the same free slot (`swarm sim fairness`: the peak overshoot at
+    the default timers falls by about half); new demand waits `lag` to be counted."""
+    if lag <= 0:
+        return fresh
+    seen = 0
+    for at, q in history:
+        if at > now - lag:
+            break
+        seen = q
+    return min(seen, fresh)
+
+
 class RunQueue:
     """The run-queue side of NodeState (state.py), which holds the fields below."""
 
@@ -145,6 +161,7 @@ class RunQueue:
     preempted_at: deque[float]  # wall times of this node's recent preemptions
     preempting: dict[m.TaskId, m.TaskId]  # victims being stopped -> the task they yield to
     quota_epoch: int  # bumped when what the quota gate reads changes
+    demand_log: dict[str, deque[tuple[float, int]]]  # capped group -> (wall, queued here)
     quota_memo: dict[str, tuple[int, str]]  # group -> (epoch, its refusal then)
     counters: dict[str, int]
 
@@ -191,6 +208,7 @@ class RunQueue:
             if t.spec.group:
                 g = groups.setdefault(t.spec.group, [0, 0])
                 g[1 if running else 0] += 1
+        self._log_demand(wall, groups)
         kept = fair.bounded(self.used, self.sharing.half_life, wall, lim.MAX_REPORT_PRINCIPALS)
         usage = [
             (p, *(round(x) for x in d.value.as_tuple()))
@@ -215,6 +233,21 @@ class RunQueue:
             if isinstance(p, str) and len(v) == 4:
                 self.used[p] = fair.Decayed(fair.Resources(*map(float, v)), float(at))
 
+    def _log_demand(self, wall: float, groups: Mapping[str, list[int]]) -> None:
+        """Remember what this node's reports say it has queued of each capped group
+        (for `lagged_demand`): a change is appended, what is older than the lag is
+        dropped but for the last such entry."""
+        lag = self.sharing.quota_lag
+        for g in self.sharing.groups:
+            if g.quota_max is None:
+                continue
+            q = groups.get(g.name, [0, 0])[0]
+            log = self.demand_log.setdefault(g.name, deque())
+            if not log or log[-1][1] != q:
+                log.append((wall, q))
+            while len(log) > 1 and log[1][0] <= wall - lag:
+                log.popleft()
+
     def _held(self) -> Iterable[tuple[m.TaskId, bool]]:
         for tid in self.queued:
             yield tid, False
@@ -236,7 +269,7 @@ class RunQueue:
                 specs.append(t.spec)
         return order(specs, qv, self.sharing.weights())
 
-    def quota_refusal(self, spec: m.TaskSpec) -> str | None:
+    def quota_refusal(self, spec: m.TaskSpec, wall: float | None = None) -> str | None:
         """Why a capped group's task may not start here now. A refusal is remembered
         until something it read changes (a peer's report, a start or an end here,
         `quota_epoch`): a dispatch pass over a long queue of one capped group then
@@ -249,12 +282,12 @@ class RunQueue:
         memo = self.quota_memo.get(spec.group)
         if memo is not None and memo[0] == self.quota_epoch:
             return memo[1]
-        why = self._quota_refusal(spec)
+        why = self._quota_refusal(spec, wall)
         if why is not None:
             self.quota_memo[spec.group] = (self.quota_epoch, why)
         return why
 
-    def _quota_refusal(self, spec: m.TaskSpec) -> str | None:
+    def _quota_refusal(self, spec: m.TaskSpec, wall: float | None = None) -> str | None:
         seen = {n: e.report.groups for n, e in self.view.items() if n != self.node}
         run = que = 0
         counted = False
@@ -268,6 +301,9 @@ class RunQueue:
                     que += 1
         if not counted:
             que += 1  # the runner took it off the queue to ask: it is still demand here
+        if wall is not None:
+            log = self.demand_log.get(spec.group, ())
+            que = lagged_demand(log, wall, self.sharing.quota_lag, que)
         return quota_refusal(self.sharing, spec, self.node, seen, run, que)
 
     # ------------------------------------------------------------- preemption

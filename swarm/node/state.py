@@ -123,9 +123,10 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
         self.used_at = 0.0
         self.preempted_at: deque[float] = deque()
         self.preempting: dict[m.TaskId, m.TaskId] = {}
-        self.share_cache: tuple[float, dict[str, Any]] | None = None
+        self.share_cache: tuple[float, tuple[int, int], dict[str, Any]] | None = None
         self.quota_epoch = 0
         self.quota_memo: dict[str, tuple[int, str]] = {}
+        self.demand_log: dict[str, deque[tuple[float, int]]] = {}
         self.counters: dict[str, int] = {
             "placements": 0,
             "placed_local": 0,
@@ -185,8 +186,10 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
             entry.received_at,
         )
 
-    def can_start(self, task: m.Task) -> tuple[str | None, list[ev.Instruction]]:
-        if task.spec.group and (why := self.quota_refusal(task.spec)) is not None:
+    def can_start(
+        self, task: m.Task, wall: float | None = None
+    ) -> tuple[str | None, list[ev.Instruction]]:
+        if task.spec.group and (why := self.quota_refusal(task.spec, wall)) is not None:
             return why, []
         return gate.can_start(
             task, self.node, self.guest, self.ledger, self.gpus, self.gpu_policy, self.breaks

@@ -35,6 +35,7 @@ class Timers:
     jobs: dict[m.TaskId, Any]
     sharing: Sharing
     quota_epoch: int
+    quota_memo: dict[str, tuple[int, str]]
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -67,6 +68,9 @@ class Timers:
         if due and now >= due["report"]:
             out.append(ev.Sample())
             due["report"] = now + self.report_interval
+            if self.quota_memo:  # a refusal may lapse with time alone (quota-lag)
+                self.quota_memo.clear()
+                out.append(ev.KickRunner())
         if "usage" in due and now >= due["usage"]:
             out.append(self.usage_record(wall))
             due["usage"] = now + USAGE_EVERY

@@ -69,6 +69,7 @@ class Sharing:
     preempt_per_minute: int = 30  # per node; a bound so preemption cannot thrash
     half_life: float = 86_400.0  # fair-share usage decay (HTCondor's default: a day)
     quota_floor: float = 0.0  # slots a node may always start for a capped group it has demand for
+    quota_lag: float = 2.0  # s: a node counts its own queued demand as it was this long ago
 
     def value_of(self, name: str) -> int | None:
         return dict(self.classes).get(name)
@@ -137,6 +138,7 @@ def parse(
     preempt_per_minute: int = 30,
     half_life: float = 86_400.0,
     quota_floor: float = 0.0,
+    quota_lag: float = 2.0,
 ) -> Sharing:
     """The sharing policy from the config's tables; SharingError names a bad key."""
     classes = DEFAULT_CLASSES
@@ -167,6 +169,8 @@ def parse(
         raise SharingError("fair-share-half-life", "must be greater than 0")
     if quota_floor < 0:
         raise SharingError("quota-floor", "must be 0 or more")
+    if quota_lag < 0:
+        raise SharingError("quota-lag", "must be 0 or more")
     parsed: list[Group] = []
     for name, table in (groups or {}).items():
         parsed.append(_group(str(name), table, dict(classes)))
@@ -180,6 +184,7 @@ def parse(
         preempt_per_minute=preempt_per_minute,
         half_life=half_life,
         quota_floor=quota_floor,
+        quota_lag=quota_lag,
     )
 
 

@@ -374,7 +374,7 @@ class Driver(Effects):
     def can_start(self, task: m.Task) -> str | None:
         """Why a queued local task must not start now (None: go, and its shares are taken:
         the runner starts every task this gate lets through)."""
-        why, instrs = self.state.can_start(task)
+        why, instrs = self.state.can_start(task, self.clock.wall())
         self.run_inline(instrs)
         return why
 

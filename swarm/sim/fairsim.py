@@ -121,6 +121,11 @@ class FairSimConfig:
     delay: float = default_delay(100) * SECOND
     fresh: bool = False  # every view exact and instant (no gossip at all)
     bins: int = 8  # report phases per interval
+    # the agent publishes a changed report at once, at most every `publish_gap`
+    # (runtime/driver.py: min(0.25 s, report-interval)); False: only at its tick
+    publish_on_change: bool = True
+    publish_gap: float = 0.25 * SECOND
+    quota_lag: float = 2.0 * SECOND  # the agent's default (quota-lag)
     sample_every: float = 0.1
     seed: int = 1
 
@@ -143,7 +148,12 @@ class FairSimConfig:
             )
             for g in names
         )
-        return Sharing(groups=groups, half_life=self.day, quota_floor=self.quota_floor)
+        return Sharing(
+            groups=groups,
+            half_life=self.day,
+            quota_floor=self.quota_floor,
+            quota_lag=self.quota_lag,
+        )
 
 
 @attrs.frozen
@@ -243,7 +253,7 @@ def drf_allocation(
     return [got.get(u, 0.0) for u in range(len(wants))]
 
 
-ARRIVE, FINISH, TICK, APPLY, SAMPLE = range(5)
+ARRIVE, FINISH, TICK, APPLY, SAMPLE, PUBLISH = range(6)
 
 
 class _Common:
@@ -441,6 +451,10 @@ class _Swarm(_Common):
         self.napply = 0
         self.snapshots: deque[tuple[float, dict[fair.Principal, fair.Resources]]] = deque()
         self.in_system = 0
+        self.published_at = [-math.inf] * n
+        # what each node's reports said it had queued of the capped group, and when
+        self.demand_log: list[deque[tuple[float, int]]] = [deque() for _ in range(n)]
+        self.publishing: set[int] = set()
 
     # -------------------------------------------------------------- views
 
@@ -455,11 +469,40 @@ class _Swarm(_Common):
             return {}
         return snaps[0][1]
 
-    def _changed(self, j: int) -> None:
+    def _changed(self, j: int, now: float) -> None:
         if self.cfg.fresh:
             self._see(j, self.cur_q[j], self.cur_r[j])
+        elif self.cfg.publish_on_change:
+            if j not in self.publishing:
+                self.publishing.add(j)
+                self.push(max(now, self.published_at[j] + self.cfg.publish_gap), PUBLISH, j)
         else:
             self.dirty[self.bin_of[j]].add(j)
+
+    def _log_demand(self, j: int, now: float, q: int) -> None:
+        log = self.demand_log[j]
+        if not log or log[-1][1] != q:
+            log.append((now, q))
+        while len(log) > 1 and log[1][0] <= now - self.cfg.quota_lag:
+            log.popleft()
+
+    def publish(self, j: int, now: float) -> None:
+        """Node j's changed report goes out (the others see it `delay` later)."""
+        self.publishing.discard(j)
+        self.published_at[j] = now
+        q, r = self.cur_q[j], self.cur_r[j]
+        pq, pr = self.pub[j]
+        if (q, r) == (pq, pr):
+            return
+        self.pub[j] = (q, r)
+        self._log_demand(j, now, q)
+        deltas = [(j, q - pq, r - pr)]
+        if self.cfg.delay <= 0:
+            self.apply(deltas)
+        else:
+            self.napply += 1
+            self.pending[self.napply] = deltas
+            self.push(now + self.cfg.delay, APPLY, self.napply)
 
     def tick(self, b: int, now: float) -> None:
         cfg = self.cfg
@@ -472,6 +515,7 @@ class _Swarm(_Common):
             if (q, r) != (pq, pr):
                 deltas.append((j, q - pq, r - pr))
                 self.pub[j] = (q, r)
+                self._log_demand(j, now, q)
         self.dirty[b].clear()
         if deltas:
             if cfg.delay <= 0:
@@ -514,7 +558,7 @@ class _Swarm(_Common):
         self.in_system += 1
         if self.is_capped(i):
             self.cur_q[j] += 1
-            self._changed(j)
+            self._changed(j, now)
         self.try_start(j, now)
 
     def try_start(self, j: int, now: float) -> None:
@@ -536,12 +580,15 @@ class _Swarm(_Common):
             if spec.group in refused:
                 continue
             if self.capped and spec.group == cfg.capped_group:
-                memo = (self.version, self.cur_q[j], self.cur_r[j])
+                queued = self.cur_q[j]
+                if not cfg.fresh:  # as the agent: its own demand as the others see it
+                    queued = rq.lagged_demand(self.demand_log[j], now, cfg.quota_lag, queued)
+                memo = (self.version, queued, self.cur_r[j])
                 if self.refused_at.get(j) == memo:  # nothing it reads has changed
                     refused.add(spec.group)
                     continue
                 why = rq.quota_refusal(
-                    self.sharing, spec, self.node_ids[j], self.seen, self.cur_r[j], self.cur_q[j]
+                    self.sharing, spec, self.node_ids[j], self.seen, self.cur_r[j], queued
                 )
                 if why is not None:
                     self.refused_at[j] = memo
@@ -549,7 +596,7 @@ class _Swarm(_Common):
                     continue
                 self.cur_q[j] -= 1
                 self.cur_r[j] += 1
-                self._changed(j)
+                self._changed(j, now)
             start.append(i)
             self.run[j] += 1
             free -= 1
@@ -569,7 +616,7 @@ class _Swarm(_Common):
         self.in_system -= 1
         if self.is_capped(i):
             self.cur_r[j] -= 1
-            self._changed(j)
+            self._changed(j, now)
         self.finished(i, now)
         self.try_start(j, now)
 
@@ -586,6 +633,8 @@ class _Swarm(_Common):
                 self.tick(x, now)
             elif kind == APPLY:
                 self.apply(self.pending.pop(x))
+            elif kind == PUBLISH:
+                self.publish(x, now)
             else:
                 self.sample(now)
         return self.result("swarm")

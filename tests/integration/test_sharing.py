@@ -147,7 +147,25 @@ def test_a_group_at_its_quota_starts_nothing_more_while_another_groups_work_runs
         decisions = c.call("explain", id=more[0])["decisions"]
         assert any("at its quota" in str(d.get("outcome")) for d in decisions), decisions
         c.cancel(first[0])  # a slot of the group frees: one more of it starts
-        wait_for(lambda: sum(c.status(t)["state"] == "running" for t in more) == 1, 10, "one more")
+        try:
+            wait_for(
+                lambda: sum(c.status(t)["state"] == "running" for t in more) == 1, 10, "one more"
+            )
+        except AssertionError:
+            for t in first + more:
+                st = c.status(t)
+                print(t, st["state"], st["node"])
+                print("   ", [d.get("outcome") for d in c.call("explain", id=t)["decisions"]][-2:])
+            for ag in agents:
+                with ag.client() as cc:
+                    print(
+                        ag.name,
+                        [
+                            (n["node"], (n.get("load") or {}).get("groups"))
+                            for n in cc.call("nodes")["nodes"]
+                        ],
+                    )
+            raise
         time.sleep(1.0)
         assert sum(c.status(t)["state"] == "running" for t in more) == 1
         for t in first[1:] + more + free:

@@ -403,9 +403,9 @@ def test_a_quota_refusal_is_looked_up_once_until_what_it_read_changes() -> None:
     calls = []
     real = n.state._quota_refusal
 
-    def counting(s: m.TaskSpec) -> str | None:
+    def counting(s: m.TaskSpec, wall: float | None = None) -> str | None:
         calls.append(s.id)
-        return real(s)
+        return real(s, wall)
 
     n.state._quota_refusal = counting  # type: ignore[method-assign]
     assert n.try_start("g1") is not None and n.try_start("g2") is not None
@@ -415,3 +415,50 @@ def test_a_quota_refusal_is_looked_up_once_until_what_it_read_changes() -> None:
     assert n.try_start("g2") is not None and calls == ["g1", "g2"]  # looked again
     n.finish("g0")
     assert n.try_start("g1") is None  # the slot of the group freed: it starts
+
+
+def test_a_node_counts_its_own_demand_as_the_others_see_it() -> None:
+    assert rq.lagged_demand([], 10.0, 2.0, 3) == 0  # nothing reported yet
+    log = [(1.0, 1), (5.0, 4), (9.5, 6)]
+    assert rq.lagged_demand(log, 10.0, 2.0, 6) == 4  # as reported 2 s ago
+    assert rq.lagged_demand(log, 10.0, 2.0, 2) == 2  # never more than now
+    assert rq.lagged_demand(log, 10.0, 0.0, 6) == 6  # no lag: fresh
+    # in a node: new demand of a capped group starts once its report is old enough
+    n = capped(4)
+    n.submit(spec("g0", group="ml"), 0.0)
+    n.run_here("g0")
+    t = n.state.records.active["g0"]
+    n.state.local_report(100.0)  # a report says: 1 queued
+    why, _ = n.state.can_start(t, 100.5)
+    assert why is not None and "at its quota" in why
+    n.state.quota_memo.clear()  # the report tick retries (timers.wake_all)
+    why, _ = n.state.can_start(t, 102.5)
+    assert why is None
+
+
+def test_the_report_tick_lets_a_lapsed_quota_refusal_be_asked_again() -> None:
+    n = capped(4)
+    n.state.start_timers(0.0)
+    n.state.quota_memo["ml"] = (n.state.quota_epoch, "group ml at its quota")
+    out = n.state.wake_all(1.0, 101.0)
+    assert any(isinstance(i, ev.KickRunner) for i in out) and not n.state.quota_memo
+
+
+def test_a_change_of_group_rows_or_bands_is_news_but_a_little_more_usage_is_not() -> None:
+    from swarm.node.loadstate import changed_meaningfully
+
+    base = m.LoadReport("n", 1, groups=(("ml", 1, 1),), usage=(("alice", 100.0, 0, 0, 0),))
+    assert changed_meaningfully(base, attrs.evolve(base, groups=(("ml", 0, 1),)))
+    assert changed_meaningfully(base, attrs.evolve(base, bands=((10, 1.0),)))
+    assert not changed_meaningfully(base, attrs.evolve(base, usage=(("alice", 105.0, 0, 0, 0),)))
+    assert changed_meaningfully(base, attrs.evolve(base, usage=(("alice", 120.0, 0, 0, 0),)))
+    assert changed_meaningfully(base, attrs.evolve(base, usage=(("bob", 100.0, 0, 0, 0),)))
+
+
+def test_the_reports_group_rows_follow_a_start_at_once() -> None:
+    n = capped(4)
+    n.submit(spec("g0", group="ml"), 0.0)
+    n.run_here("g0")
+    assert n.state.local_report(100.0).groups == (("ml", 1, 0),)
+    assert n.try_start("g0", wall=100.1) is None
+    assert n.state.local_report(100.1).groups == (("ml", 0, 1),)  # not the cached row
