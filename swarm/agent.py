@@ -77,8 +77,8 @@ class Agent:
             checkpoint_exit_code=config.checkpoint_exit_code,
             checkpoint_timeout=config.checkpoint_timeout,
             checkpoint_signal=startup.migration_settings(config).checkpoint_signal,
-            order=lambda: self.coord.run_order(),
-            on_full=lambda tid: self.coord.on_full(tid),
+            order=lambda: self.ops.queue_ops.run_order(),
+            on_full=lambda tid: self.ops.queue_ops.on_full(tid),
         )
         made: list[Migrator] = []  # the driver builds its migration side (they call each other)
         moves = startup.migrator_factory(config, clock, self.isolation.owner_of, log, made)

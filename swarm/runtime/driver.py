@@ -378,40 +378,6 @@ class Driver(Effects):
         self.run_inline(instrs)
         return why
 
-    def run_order(self) -> list[m.TaskId]:
-        """The run queue in start order (priority, fair share, arrival)."""
-        _, wall = self._time()
-        return self.state.run_order(self.fair_view(wall))
-
-    def fair_view(self, wall: float) -> Any:
-        """Cluster-wide usage per principal and capacity, for the queue's order."""
-        return self.state.fair_view(wall, self.state.local_report(wall))
-
-    def queue_explain(self, tid: m.TaskId) -> dict[str, Any] | None:
-        """Where a queued task stands in this node's order, and why (None: not queued)."""
-        if tid not in self.runner.queue:
-            return None
-        now, wall = self._time()
-        out = self.state.queue_explain(tid, self.fair_view(wall))
-        if out is not None:
-            out["view_age"] = self.state.view_age(now)
-        return out
-
-    def share_table(self) -> dict[str, Any]:
-        """Usage, dominant share and rank per principal, from this node's view."""
-        now, wall = self._time()
-        return {
-            "principals": self.state.share_rows(self.fair_view(wall)),
-            "view_age": self.state.view_age(now),
-            "half_life": self.state.sharing.half_life,
-            "nodes": len(self.state.view) + (0 if self.node in self.state.view else 1),
-        }
-
-    def on_full(self, tid: m.TaskId) -> None:
-        """Every slot is taken and `tid` waits: preempt lower classes for it, maybe."""
-        now, wall = self._time()
-        self.run_inline(self.state.preempt_for(tid, now, wall))
-
     def release_gpu(self, tid: m.TaskId) -> None:
         self.run_inline(self.state.release_gpu(tid))
 

@@ -12,7 +12,6 @@ caller; `Shares` changes the node's shares (drain, undrain).
 from __future__ import annotations
 
 import functools
-import grp
 import os
 import pwd
 from collections.abc import AsyncIterator, Callable
@@ -34,6 +33,7 @@ from .logread import read_log
 from .moving import Migrator
 from .net import TransportError
 from .peers import ClusterNode, RemoteError
+from .queueops import QueueOps
 from .runner import LocalRunner
 from .tasks import TaskTable, UnknownTask
 
@@ -71,6 +71,7 @@ class LocalOps:
         self.access = TaskAccess(node=node, table=table, cluster=cluster)
         self.shares = Shares(node=node, journal=journal, coord=coord, clock=clock)
         self._submitting: set[m.TaskId] = set()  # chosen ids between check and journal
+        self.queue_ops = QueueOps(coord, runner, clock)
 
     def ops(self) -> Ops:
         """The handlers, by op name, for runtime/api.py."""
@@ -84,7 +85,7 @@ class LocalOps:
                 "info": self.op_info,
                 "nodes": self.op_nodes,
                 "explain": self.op_explain,
-                "share": self.op_share,
+                "share": self.queue_ops.op_share,
                 "shares": self.shares.op_shares,
             },
             stream={"logs": self.op_logs},
@@ -104,27 +105,11 @@ class LocalOps:
     async def op_submit(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         if not self.accepting:
             raise RequestError("unavailable", "agent is shutting down; not accepting tasks")
-        sharing = self.coord.state.sharing
-        user = _user_name(cred.uid)
-        primary, member_of = _unix_groups(cred.uid, cred.gid, user, self.clock.now())
-        spec = request_checks.submit_spec(
-            f,
-            uid=cred.uid,
-            user=user,
-            home=self.node,
-            now=self.clock.wall(),
-            classes=dict(sharing.classes),
-            default_class=sharing.default_class,
-            default_group=primary,
-        )
+        spec = self.queue_ops.submit_spec(f, cred, _user_name(cred.uid), self.node)
         refusal = self.identities.submit_refusal(cred.uid, spec.user)
         if refusal is not None:
             raise RequestError("permission_denied", refusal)
-        refusal = (
-            sharing.may_use_group(spec.user, cred.uid, spec.group, member_of)
-            if spec.group
-            else None
-        ) or sharing.may_use_priority(cred.uid, spec.group, spec.priority)
+        refusal = self.queue_ops.sharing_refusal(spec, cred)
         if refusal is not None:  # bad input for this user: the CLI exits 2
             raise RequestError("not_allowed", f"submit: {refusal}")
         never = self._unsatisfiable(spec)
@@ -245,15 +230,8 @@ class LocalOps:
             name = _user_name(cred.uid)
             tasks = [t for t in tasks if self.access.owns(t, cred, name)]
         tasks = tasks[-limit:]
-        classes = dict(self.coord.state.sharing.classes)
+        classes = dict(self.queue_ops.sharing.classes)
         return {"tasks": [codec.task_to_wire(t) for t in tasks], "classes": classes}
-
-    async def op_share(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
-        """`swarm share`: each principal's cluster-wide decayed usage, dominant share and
-        rank (the order fair share starts their tasks in), as this node sees it, and
-        how old that view may be. Usage totals are not secret among a fleet's users."""
-        f.done()
-        return self.coord.share_table()
 
     async def op_cancel(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self.access.task(f, cred)
@@ -381,9 +359,7 @@ class LocalOps:
         blocked = self.runner.blocked.get(tid)
         if blocked:
             out.append({"at": self.clock.wall(), "outcome": "queued here, not started: " + blocked})
-        where = self.coord.queue_explain(tid)
-        if where is not None:
-            out.append({"at": self.clock.wall(), "outcome": _queue_line(where), "queue": where})
+        out += self.queue_ops.explain(tid)
         return out
 
     async def rpc_explain(
@@ -598,51 +574,6 @@ class Shares:
             ) from None
         self.coord.run_inline(self.changes.landed(change.seq))
         return self.changes.answer()
-
-
-def _queue_line(q: dict[str, Any]) -> str:
-    """Why a queued task waits here, in one line (node/runqueue.py's queue_explain)."""
-    line = (
-        f"queued here: position {q['position']} of {q['queued']}"
-        f" ({q['ahead_higher_priority']} ahead of higher priority); priority {q['priority']},"
-        f" {q['user']}'s dominant share {q['user_dominant_share']:.3g}"
-        f" (usage gossiped up to {q['view_age']:.1f}s ago)"
-    )
-    if q.get("quota"):
-        line += "; " + str(q["quota"])
-    return line
-
-
-_GROUPS: dict[int, tuple[float, str, frozenset[str]]] = {}
-
-
-def _unix_groups(uid: int, gid: int, user: str | None, now: float) -> tuple[str, frozenset[str]]:
-    """The caller's primary group name (the default accounting group) and every group
-    they belong to, cached for a minute (NSS lookups are slow; membership changes
-    reach the agent within that minute)."""
-    hit = _GROUPS.get(uid)
-    if hit is not None and now - hit[0] < 60.0:
-        return hit[1], hit[2]
-    try:
-        primary_gid = pwd.getpwuid(uid).pw_gid
-    except KeyError:
-        primary_gid = gid
-    try:
-        primary = grp.getgrgid(primary_gid).gr_name
-    except KeyError:
-        primary = ""
-    names = {primary} if primary else set()
-    if user:
-        try:
-            names |= {grp.getgrgid(g).gr_name for g in os.getgrouplist(user, primary_gid)}
-        except (KeyError, OSError):
-            pass
-    if not m.valid_group_name(primary):
-        primary = ""  # a name we would refuse as data: no default group
-    if len(_GROUPS) > 4096:
-        _GROUPS.clear()
-    _GROUPS[uid] = (now, primary, frozenset(names))
-    return primary, frozenset(names)
 
 
 @functools.lru_cache(maxsize=4096)
