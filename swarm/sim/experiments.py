@@ -1497,8 +1497,11 @@ CPUs, {fs.DEFAULT.mem_gib:g} GiB: CPU and memory are counted by DRF, a node runs
 mean S = one minute; a day is compressed to {fs.DEFAULT.day:g} S and measured
 after {fs.DEFAULT.warmup:g} S of warm-up; the fair-share half-life is that day
 (the agent's default, one day). In the capped runs group *batch* (alice) has
-quota-max = {fs.DEFAULT.cap_fraction:.0%} of the slots, quota-floor 1 (the
-default).
+quota-max = {fs.DEFAULT.cap_fraction:.0%} of the slots, with the agent's defaults:
+quota-floor {fs.DEFAULT.quota_floor:g}, quota-lag {fs.DEFAULT.quota_lag / fs.SECOND:g} s (a
+node splits the cap on its own demand as its reports said that long ago), and a
+changed report published at once, at most every
+{fs.DEFAULT.publish_gap / fs.SECOND:g} s.
 
 - *swarm*: a task goes to the less loaded of two random nodes (fresh lengths; no
   stealing or pushing afterwards, which the agent has: pessimistic) and each node
@@ -1548,17 +1551,19 @@ simulator does not move queued tasks, which the agent's stealing would). The cos
 mean response time is {rtc((small, True))} with the quota and {rtc((small, False))}
 without at n = {small}. With the quota, swarm also runs the capped group below its
 cap on average ({use_s:.0%} of it, against {use_c:.0%} for the central scheduler;
-utilisation {util_s:.3f} against {util_c:.3f}). A likely cause: the gate splits the
+utilisation {util_s:.3f} against {util_c:.3f}). Likely causes: the gate splits the
 cap by each node's batch demand, queued tasks included, so part of the cap goes to
-nodes whose slots are busy with other users' work while batch tasks wait elsewhere.
+nodes whose slots are busy with other users' work while batch tasks wait elsewhere;
+and new demand counts only after quota-lag (the price of the low overshoot below).
 
 **Quota overshoot.** At the default timers (n = {small}) batch's peak is
 {peak_default:.1f} +- {peak_default_ci:.1f} % above its cap of {cap_slots:g} slots
-(time average {mean_default:.2f} %); with fresh views it is {peak_fresh:.1f} %. The
-peak does not come from gossip delay alone: every node holding batch work may start
-`quota-floor` (1) task whatever its share, and a node never stops work to honour a
-new split, so when demand moves between nodes the old and new holders both run it.
-The second table shows how much the delay adds on top.
+(time average {mean_default:.2f} %); with fresh views it is {peak_fresh:.1f} %. What
+remains comes from staleness: a node counts another's starts only once its report
+arrives, and splits on its own demand as it was quota-lag ago; when the
+dissemination delay exceeds quota-lag (the 1,000-node delay and beyond, second
+table) two nodes again see different figures and the peak grows with the delay. A
+cluster that large should set quota-lag near its report age (`swarm nodes`).
 
 **The issue's targets.** {targets}
 """,
