@@ -45,7 +45,7 @@ class LoadState:
     needs: dict[m.TaskId, pl.Needs]
     state_here: set[m.TaskId]
     admission_hook: Callable[[m.TaskSpec], str | None] | None
-    share_cache: tuple[float, tuple[int, int], dict[str, Any]] | None
+    share_cache: tuple[float, dict[str, Any]] | None
     running: Any
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
@@ -98,12 +98,13 @@ class LoadState:
 
     def shared_fields(self, wall: float) -> dict[str, Any]:
         """The report's bands, groups and usage (runqueue.py), refreshed at most every
-        quarter second: placement builds a local report per task."""
+        quarter second (placement builds a local report per task, and these read the
+        whole queue), and at once after a start or an end here (`share_cache = None`:
+        a capped group's running count must not wait)."""
         c = self.share_cache
-        counts = (len(self.queued), len(self.running))
-        if c is None or c[1] != counts or not 0 <= wall - c[0] < 0.25:
-            c = self.share_cache = (wall, counts, self.share_fields(wall))
-        return c[2]
+        if c is None or not 0 <= wall - c[0] < 0.25:
+            c = self.share_cache = (wall, self.share_fields(wall))
+        return c[1]
 
     def on_sample(self, sample: loadpol.HostSample, now: float) -> None:
         """A fresh host measurement: peak usage and Flex's over-commit factor follow."""

@@ -164,6 +164,7 @@ class RunQueue:
     quota_epoch: int  # bumped when what the quota gate reads changes
     demand_log: dict[str, deque[tuple[float, int]]]  # capped group -> (wall, queued here)
     quota_memo: dict[str, tuple[int, str]]  # group -> (epoch, its refusal then)
+    share_cache: tuple[float, dict[str, Any]] | None
     counters: dict[str, int]
 
     if TYPE_CHECKING:  # provided by Placing
@@ -394,6 +395,13 @@ class RunQueue:
             for name, r in running.items()
             if self.sharing.group(name) is None and name != g.name and r > 0
         )
+
+    def capped_changed(self, spec: m.TaskSpec) -> None:
+        """A task of a capped group started or ended here: the next report says so at
+        once (its share fields are otherwise cached for a quarter second)."""
+        g = self.sharing.group(spec.group) if spec.group else None
+        if g is not None and g.quota_max is not None:
+            self.share_cache = None
 
     def preempt_ended(self, tid: m.TaskId) -> None:
         self.preempting.pop(tid, None)

@@ -123,7 +123,7 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
         self.used_at = 0.0
         self.preempted_at: deque[float] = deque()
         self.preempting: dict[m.TaskId, m.TaskId] = {}
-        self.share_cache: tuple[float, tuple[int, int], dict[str, Any]] | None = None
+        self.share_cache: tuple[float, dict[str, Any]] | None = None
         self.quota_epoch = 0
         self.quota_memo: dict[str, tuple[int, str]] = {}
         self.demand_log: dict[str, deque[tuple[float, int]]] = {}
@@ -203,6 +203,7 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
     def on_started(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
         self.accrue(wall)  # usage so far, before this task counts
         self.quota_epoch += 1
+        self.capped_changed(task.spec)
         out: list[ev.Instruction] = []
         lt = self.ledger.get(task.id)
         if lt is not None and not lt.running:  # normally taken by the gate already
@@ -228,6 +229,7 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
         stopped to move."""
         self.accrue(wall)
         self.quota_epoch += 1
+        self.capped_changed(task.spec)
         self.preempt_ended(task.id)
         if task.state is S.MIGRATING:
             lt = self.ledger.get(task.id)
