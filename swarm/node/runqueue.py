@@ -147,6 +147,22 @@ def lagged_demand(history: Sequence[tuple[float, int]], now: float, lag: float, 
     return min(seen, fresh)
 
 
+def log_demand(log: deque[tuple[float, int]], now: float, queued: int, lag: float) -> None:
+    """Record what a node's report says it has queued of a capped group (for
+    `lagged_demand`): a change is appended; what is older than `lag` is dropped but
+    for the last such entry (the one `lagged_demand` reads)."""
+    if not log or log[-1][1] != queued:
+        log.append((now, queued))
+    while len(log) > 1 and log[1][0] <= now - lag:
+        log.popleft()
+
+
+def time_share(used: fair.Resources, capacity: fair.Resources, half_life: float) -> float:
+    """A dominant share of decayed usage (resource-seconds) as the fraction of the
+    cluster held, time-weighted: divided by the decay's time constant."""
+    return fair.dominant_share(used, capacity) / (half_life / math.log(2))
+
+
 class RunQueue:
     """The run-queue side of NodeState (state.py), which holds the fields below."""
 
@@ -236,19 +252,11 @@ class RunQueue:
                 self.used[p] = fair.Decayed(fair.Resources(*map(float, v)), float(at))
 
     def _log_demand(self, wall: float, groups: Mapping[str, list[int]]) -> None:
-        """Remember what this node's reports say it has queued of each capped group
-        (for `lagged_demand`): a change is appended, what is older than the lag is
-        dropped but for the last such entry."""
-        lag = self.sharing.quota_lag
+        """Remember what this node's report says it has queued of each capped group."""
         for g in self.sharing.groups:
-            if g.quota_max is None:
-                continue
-            q = groups.get(g.name, [0, 0])[0]
-            log = self.demand_log.setdefault(g.name, deque())
-            if not log or log[-1][1] != q:
-                log.append((wall, q))
-            while len(log) > 1 and log[1][0] <= wall - lag:
-                log.popleft()
+            if g.quota_max is not None:
+                log = self.demand_log.setdefault(g.name, deque())
+                log_demand(log, wall, groups.get(g.name, [0, 0])[0], self.sharing.quota_lag)
 
     def _held(self) -> Iterable[tuple[m.TaskId, bool]]:
         for tid in self.queued:
@@ -386,15 +394,12 @@ class RunQueue:
         running = self.group_running()
         if running.get(g.name, 0) >= g.quota_min:
             return frozenset()
-        return frozenset(
-            o.name
-            for o in self.sharing.groups
-            if o.name != g.name and running.get(o.name, 0) > o.quota_min
-        ) | frozenset(
-            name
-            for name, r in running.items()
-            if self.sharing.group(name) is None and name != g.name and r > 0
-        )
+
+        def quota_min(name: str) -> float:
+            other = self.sharing.group(name)
+            return other.quota_min if other is not None else 0.0  # no table: min 0
+
+        return frozenset(n for n, r in running.items() if n != g.name and r > quota_min(n))
 
     def capped_changed(self, spec: m.TaskSpec) -> None:
         """A task of a capped group started or ended here: the next report says so at
@@ -410,12 +415,9 @@ class RunQueue:
         """Each principal's usage and weighted dominant share, lowest share first (the
         order in which fair share favours them; groups ranked among groups)."""
         weights = self.sharing.weights()
-        tau = self.sharing.half_life / math.log(2)
         rows: list[dict[str, Any]] = []
         for p, used in qv.usage.items():
-            # usage is in resource-seconds: divided by the capacity and by the decay's
-            # time constant it is the fraction of the cluster held, time-weighted
-            share = fair.dominant_share(used, qv.capacity) / tau
+            share = time_share(used, qv.capacity, self.sharing.half_life)
             rows.append(
                 {
                     "principal": p,
@@ -463,7 +465,8 @@ class RunQueue:
             "priority": self.sharing.name_of(t.spec.priority),
             "group": t.spec.group,
             "user": p,
-            "user_dominant_share": fair.dominant_share(qv.usage.get(p, fair.NOTHING), qv.capacity)
-            / (self.sharing.half_life / math.log(2)),
-            "quota": self.quota_refusal(t.spec),
+            "user_dominant_share": time_share(
+                qv.usage.get(p, fair.NOTHING), qv.capacity, self.sharing.half_life
+            ),
+            "quota": self.quota_refusal(t.spec, qv.at),
         }

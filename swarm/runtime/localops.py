@@ -105,11 +105,11 @@ class LocalOps:
     async def op_submit(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         if not self.accepting:
             raise RequestError("unavailable", "agent is shutting down; not accepting tasks")
-        spec = self.queue_ops.submit_spec(f, cred, _user_name(cred.uid), self.node)
+        spec, member_of = self.queue_ops.submit_spec(f, cred, _user_name(cred.uid), self.node)
         refusal = self.identities.submit_refusal(cred.uid, spec.user)
         if refusal is not None:
             raise RequestError("permission_denied", refusal)
-        refusal = self.queue_ops.sharing_refusal(spec, cred)
+        refusal = self.queue_ops.sharing_refusal(spec, cred, member_of)
         if refusal is not None:  # bad input for this user: the CLI exits 2
             raise RequestError("not_allowed", f"submit: {refusal}")
         never = self._unsatisfiable(spec)

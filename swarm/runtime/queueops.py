@@ -52,11 +52,11 @@ class QueueOps:
 
     def submit_spec(
         self, f: wire.Fields, cred: PeerCred, user: str | None, node: m.NodeId
-    ) -> m.TaskSpec:
+    ) -> tuple[m.TaskSpec, frozenset[str]]:
         """The submit request's spec, with the caller's default group (their primary
-        Unix group) and the configured classes."""
-        primary, _ = unix_groups(cred.uid, cred.gid, user, self.clock.now())
-        return request_checks.submit_spec(
+        Unix group) and the configured classes; and every Unix group of the caller."""
+        primary, member_of = unix_groups(cred.uid, cred.gid, user, self.clock.now())
+        spec = request_checks.submit_spec(
             f,
             uid=cred.uid,
             user=user,
@@ -66,10 +66,13 @@ class QueueOps:
             default_class=self.sharing.default_class,
             default_group=primary,
         )
+        return spec, member_of
 
-    def sharing_refusal(self, spec: m.TaskSpec, cred: PeerCred) -> str | None:
-        """Why this caller may not use the task's group or class (None: they may)."""
-        _, member_of = unix_groups(cred.uid, cred.gid, spec.user, self.clock.now())
+    def sharing_refusal(
+        self, spec: m.TaskSpec, cred: PeerCred, member_of: frozenset[str]
+    ) -> str | None:
+        """Why this caller may not use the task's group or class (None: they may);
+        `member_of`: the caller's Unix groups."""
         if spec.group:
             why = self.sharing.may_use_group(spec.user, cred.uid, spec.group, member_of)
             if why is not None:

@@ -479,13 +479,6 @@ class _Swarm(_Common):
         else:
             self.dirty[self.bin_of[j]].add(j)
 
-    def _log_demand(self, j: int, now: float, q: int) -> None:
-        log = self.demand_log[j]
-        if not log or log[-1][1] != q:
-            log.append((now, q))
-        while len(log) > 1 and log[1][0] <= now - self.cfg.quota_lag:
-            log.popleft()
-
     def publish(self, j: int, now: float) -> None:
         """Node j's changed report goes out (the others see it `delay` later)."""
         self.publishing.discard(j)
@@ -495,7 +488,7 @@ class _Swarm(_Common):
         if (q, r) == (pq, pr):
             return
         self.pub[j] = (q, r)
-        self._log_demand(j, now, q)
+        rq.log_demand(self.demand_log[j], now, q, self.cfg.quota_lag)
         deltas = [(j, q - pq, r - pr)]
         if self.cfg.delay <= 0:
             self.apply(deltas)
@@ -515,7 +508,7 @@ class _Swarm(_Common):
             if (q, r) != (pq, pr):
                 deltas.append((j, q - pq, r - pr))
                 self.pub[j] = (q, r)
-                self._log_demand(j, now, q)
+                rq.log_demand(self.demand_log[j], now, q, self.cfg.quota_lag)
         self.dirty[b].clear()
         if deltas:
             if cfg.delay <= 0:
