@@ -15,7 +15,8 @@ Issue 20's maths, before any of it is wired into the node:
 - **Dominant Resource Fairness.** A principal's dominant share is its largest share of
   any resource the cluster has (slots, CPU, memory, GPU); DRF starts first the task
   whose principal has the smallest dominant share (divided by its weight), ties broken
-  by arrival. Computed from stale gossip on purpose: every node orders its own queue.
+  by arrival. Computed from stale gossip on purpose: every node orders its own queue
+  (node/runqueue.order, classes first); `drf_schedule` is the central yardstick.
 """
 
 from __future__ import annotations
@@ -193,25 +194,6 @@ class Waiting:
     task_id: str
     principal: Principal
     arrival: int  # its position in arrival order (ties are broken by it)
-
-
-def drf_order(
-    waiting: Sequence[Waiting],
-    usage: Mapping[Principal, Resources],
-    capacity: Resources,
-    weights: Mapping[Principal, float] | None = None,
-) -> list[Waiting]:
-    """Queued tasks in the order DRF starts them: the principal with the smallest
-    weighted dominant share first, each principal's own tasks in arrival order.
-    (A start raises its principal's share; recompute after starting, or use
-    `drf_schedule` to simulate a sequence of starts.)"""
-    w = weights or {}
-
-    def key(t: Waiting) -> tuple[float, int]:
-        share = dominant_share(usage.get(t.principal, NOTHING), capacity)
-        return (share / max(w.get(t.principal, 1.0), 1e-9), t.arrival)
-
-    return sorted(waiting, key=key)
 
 
 def drf_schedule(

@@ -12,52 +12,14 @@ their own node alone. Within one gossip delay D each node can start at most what
 own view allows; the bound is the group's starts made cluster-wide in D that another
 node's view has not seen (in the worst case, a node that has heard of no other
 node's demand gives itself the whole cap). `swarm sim fairness` measures it against
-D (docs/experiments.md, section 7). An optional `floor` lets a node always start
-that much for demand of its own (never starved by stale rows) at a bounded, lasting
-cost of `floor` per such node (`overshoot_bound`).
-
-`local_allowance` is the fractional form of the same split (distributed rate
-limiting's), kept for comparison.
+D (docs/experiments.md, section 7). An optional `quota-floor` lets a node always
+start that much for demand of its own (never starved by stale rows) at a bounded,
+lasting cost of that floor per such node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import attrs
-
-
-@attrs.frozen
-class Allowance:
-    allowed: float  # how much of the group's work may run here in all
-    share: float  # this node's fraction of the cap
-
-
-def local_allowance(
-    cap: float,
-    node: str,
-    demand: Mapping[str, float],
-    running_here: float,
-    floor: float = 0.0,
-) -> Allowance:
-    """This node's allowance for one group: `cap` split by `demand` (queued + running
-    per node, from gossip; this node's own figure fresh), never below what already
-    runs here nor below `floor` when this node has demand."""
-    if cap < 0 or floor < 0 or running_here < 0:
-        raise ValueError("cap, floor and running_here must be >= 0")
-    mine = max(demand.get(node, 0.0), 0.0)
-    total = sum(max(d, 0.0) for d in demand.values())
-    share = mine / total if total > 0 else 0.0
-    allowed = cap * share
-    if mine > 0:
-        allowed = max(allowed, min(floor, cap))
-    return Allowance(max(allowed, running_here), share)
-
-
-def overshoot_bound(cap: float, floor: float, unseen_nodes: int) -> float:
-    """The most the group can run above `cap` cluster-wide while `unseen_nodes` nodes'
-    demand has not reached the others (each may start up to `floor` on its own)."""
-    return min(floor, cap) * max(unseen_nodes, 0)
 
 
 def whole_slots(cap: float, node: str, demand: Mapping[str, float]) -> int:

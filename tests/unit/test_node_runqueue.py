@@ -216,19 +216,6 @@ def test_three_nodes_sharing_a_cap_of_two_start_two_in_all() -> None:
     assert allowed == [True, True, False]  # largest remainder, ties by name
 
 
-@given(
-    st.integers(0, 20),
-    st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 30), min_size=1),
-)
-def test_whole_slots_never_exceed_the_cap_nor_the_demand(cap: int, demand: dict[str, int]) -> None:
-    from swarm.policy.quota import whole_slots
-
-    d = {k: float(v) for k, v in demand.items()}
-    given_ = {n: whole_slots(float(cap), n, d) for n in d}
-    assert sum(given_.values()) == min(cap, sum(demand.values()))
-    assert all(0 <= given_[n] <= demand[n] for n in d)
-
-
 # ---------------------------------------------------------- what is gossiped
 
 

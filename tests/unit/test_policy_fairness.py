@@ -17,7 +17,6 @@ from swarm.policy.fairness import (
     Waiting,
     decay_factor,
     dominant_share,
-    drf_order,
     drf_schedule,
     jain_index,
 )
@@ -54,23 +53,21 @@ def test_drf_from_the_paper_three_and_two() -> None:
 
 
 def test_a_newcomer_starts_before_a_heavy_users_backlog() -> None:
-    """Issue 20's scenario in pure form: one user with 2,000 queued tasks and most of
-    the usage, another who arrives later: the newcomer's tasks come first."""
-    cap = Resources(slots=72)
-    backlog = [Waiting(f"h{i}", "heavy", i) for i in range(2000)]
-    late = [Waiting(f"n{i}", "new", 2000 + i) for i in range(50)]
-    usage = {"heavy": Resources(slots=72)}
-    order = drf_order(backlog + late, usage, cap)
-    assert [t.principal for t in order[:50]] == ["new"] * 50
-    assert order[50].task_id == "h0"  # then the backlog in arrival order
+    """Issue 20's scenario in pure form, through the order every node uses
+    (node/runqueue.order): one user with 2,000 queued tasks and most of the usage,
+    another who arrives later: the newcomer's tasks come first."""
+    from swarm import model as m
+    from swarm.node.runqueue import QueueView, order
 
+    def spec(tid: str, user: str) -> m.TaskSpec:
+        return m.TaskSpec(id=tid, argv=("true",), user=user)
 
-def test_weights_scale_shares() -> None:
-    cap = Resources(slots=10)
-    usage = {"a": Resources(slots=4), "b": Resources(slots=3)}
-    waiting = [Waiting("ta", "a", 0), Waiting("tb", "b", 1)]
-    assert drf_order(waiting, usage, cap)[0].task_id == "tb"
-    assert drf_order(waiting, usage, cap, {"a": 2.0})[0].task_id == "ta"  # 0.2 < 0.3
+    backlog = [spec(f"h{i}", "heavy") for i in range(2000)]
+    late = [spec(f"n{i}", "new") for i in range(50)]
+    view = QueueView({"heavy": Resources(slots=72)}, Resources(slots=72), 0.0)
+    ids = order(backlog + late, view)
+    assert ids[:50] == [f"n{i}" for i in range(50)]
+    assert ids[50:] == [f"h{i}" for i in range(2000)]  # then the backlog in arrival order
 
 
 def test_jain_index_bounds() -> None:

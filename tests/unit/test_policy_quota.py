@@ -3,32 +3,32 @@ floor for unseen demand, and that the split never exceeds the cap when views agr
 
 from __future__ import annotations
 
-import math
-
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swarm.policy.quota import local_allowance, overshoot_bound
+from swarm.policy.quota import whole_slots
 
 
-def test_the_cap_is_split_by_demand() -> None:
+def test_the_cap_is_split_by_demand_in_whole_slots() -> None:
     demand = {"a": 30.0, "b": 10.0}
-    assert local_allowance(100.0, "a", demand, 0.0).allowed == 75.0
-    assert local_allowance(100.0, "b", demand, 0.0).allowed == 25.0
-    assert local_allowance(100.0, "c", demand, 0.0).allowed == 0.0  # no demand here
+    assert whole_slots(100.0, "a", demand) == 30  # never above a node's demand
+    assert whole_slots(20.0, "a", demand) == 15 and whole_slots(20.0, "b", demand) == 5
+    assert whole_slots(100.0, "c", demand) == 0  # no demand here
 
 
-def test_running_work_is_never_cut_and_new_demand_gets_the_floor() -> None:
-    assert local_allowance(100.0, "a", {"a": 1.0, "b": 99.0}, 20.0).allowed == 20.0
-    assert local_allowance(100.0, "a", {"a": 1.0, "b": 999.0}, 0.0, floor=5.0).allowed == 5.0
-    assert overshoot_bound(100.0, 5.0, 3) == 15.0
+def test_a_fraction_of_a_slot_each_still_starts_the_cap() -> None:
+    demand = {"a": 2.0, "b": 2.0, "c": 2.0}
+    assert [whole_slots(2.0, n, demand) for n in "abc"] == [1, 1, 0]  # ties: name first
 
 
-@given(st.dictionaries(st.sampled_from("abcdef"), st.floats(0, 1e6), min_size=1), st.floats(0, 1e6))
-def test_when_views_agree_the_allowances_sum_to_at_most_the_cap(
-    demand: dict[str, float], cap: float
+@given(
+    st.integers(0, 20),
+    st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 30), min_size=1),
+)
+def test_when_views_agree_whole_slots_give_out_exactly_the_cap_or_the_demand(
+    cap: int, demand: dict[str, int]
 ) -> None:
-    total = sum(local_allowance(cap, n, demand, 0.0).allowed for n in demand)
-    assert total <= cap * (1 + 1e-9) + 1e-6
-    if sum(demand.values()) > 0:
-        assert math.isclose(total, cap, rel_tol=1e-9, abs_tol=1e-6)
+    d = {k: float(v) for k, v in demand.items()}
+    given_ = {n: whole_slots(float(cap), n, d) for n in d}
+    assert sum(given_.values()) == min(cap, sum(demand.values()))
+    assert all(0 <= given_[n] <= demand[n] for n in d)
