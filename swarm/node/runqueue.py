@@ -72,12 +72,19 @@ def capacity(reports: Iterable[m.LoadReport]) -> fair.Resources:
     return total
 
 
-def usage_totals(reports: Iterable[m.LoadReport]) -> dict[fair.Principal, fair.Resources]:
-    out: dict[fair.Principal, fair.Resources] = {}
+def usage_totals(
+    reports: Iterable[m.LoadReport], now: float, half_life: float
+) -> dict[fair.Principal, fair.Resources]:
+    """Cluster-wide decayed usage per principal as of `now`: each report is its node's
+    entry of the usage map (policy/fairness.UsageMap, the CRDT: the newest version per
+    origin wins, as the load view keeps it), dated by its version (wall ms), so an
+    old report's usage has decayed by now."""
+    entries = []
     for r in reports:
-        for p, *v in r.usage:
-            out[p] = out.get(p, fair.NOTHING) + fair.Resources(*v)
-    return out
+        at = r.version / 1000.0
+        rows = tuple(sorted((p, fair.Decayed(fair.Resources(*v), at)) for p, *v in r.usage))
+        entries.append((r.node, fair.OriginUsage(r.version, rows)))
+    return fair.UsageMap(tuple(sorted(entries))).totals(now, half_life)
 
 
 def order(
@@ -266,7 +273,8 @@ class RunQueue:
 
     def fair_view(self, wall: float, local: m.LoadReport) -> QueueView:
         reports = [e.report for n, e in self.view.items() if n != self.node] + [local]
-        return QueueView(usage_totals(reports), capacity(reports), wall)
+        totals = usage_totals(reports, wall, self.sharing.half_life)
+        return QueueView(totals, capacity(reports), wall)
 
     # ------------------------------------------------------------- order
 

@@ -449,3 +449,10 @@ def test_the_reports_group_rows_follow_a_start_at_once() -> None:
     assert n.state.local_report(100.0).groups == (("ml", 1, 0),)
     assert n.try_start("g0", wall=100.1) is None
     assert n.state.local_report(100.1).groups == (("ml", 0, 1),)  # not the cached row
+
+
+def test_cluster_usage_is_the_usage_maps_total_with_each_report_decayed_from_its_date() -> None:
+    fresh = m.LoadReport("a", 100_000, usage=(("alice", 10.0, 0, 0, 0),))
+    old = m.LoadReport("b", 100_000 - 86_400_000, usage=(("alice", 8.0, 0, 0, 0),))
+    got = rq.usage_totals([fresh, old], now=100.0, half_life=86_400.0)
+    assert got["alice"].slots == pytest.approx(10.0 + 4.0)  # a day old: half
