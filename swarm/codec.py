@@ -11,6 +11,18 @@ from typing import Any
 from . import limits as lim
 from . import model as m
 from .model import GROUP_RULE, MAX_PRIORITY, valid_group_name
+from .policy.constraints import (
+    JOB_RULE,
+    KEY_RULE,
+    MAX_CONSTRAINTS,
+    MAX_LABELS,
+    ConstraintError,
+    check_labels,
+    parse_constraint,
+    valid_job_name,
+    valid_label_key,
+)
+from .policy.datakeys import DATA_KEY_RULE, DIGEST_BYTES, valid_data_key
 from .wire import Fields, SchemaError
 
 
@@ -52,6 +64,21 @@ def task_spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
         "home": s.home,
         "priority": s.priority,
         "group": s.group,
+        # issue 21's fields travel only when set, so an agent that predates them still
+        # reads every task that does not use them
+        **{k: v for k, v in _where_to_wire(s).items() if v},
+    }
+
+
+def _where_to_wire(s: m.TaskSpec) -> dict[str, Any]:
+    return {
+        "constraints": list(s.constraints),
+        "prefer": list(s.prefer),
+        "job": s.job,
+        "spread": s.spread,
+        "anti_affinity": s.anti_affinity,
+        "data": list(s.data),
+        "cwd_any": s.cwd_any,
     }
 
 
@@ -82,9 +109,46 @@ def task_spec_from_wire(obj: Any) -> m.TaskSpec:
         home=f.str("home", ""),
         priority=f.int("priority", m.DEFAULT_PRIORITY, lo=-MAX_PRIORITY, hi=MAX_PRIORITY),
         group=group_name(f.str("group", "", max_len=64), "task"),
+        constraints=_constraints(
+            f.str_list("constraints", max_items=MAX_CONSTRAINTS), "constraint"
+        ),
+        prefer=_constraints(f.str_list("prefer", max_items=MAX_CONSTRAINTS), "prefer"),
+        job=_job(f.str("job", "", max_len=128)),
+        spread=_spread(f.str("spread", "", max_len=64)),
+        anti_affinity=f.int("anti_affinity", 0, lo=0, hi=1 << 20),
+        data=_data_keys(f.str_list("data", max_items=16)),
+        cwd_any=f.bool("cwd_any", False),
     )
     f.done()
     return spec
+
+
+def _constraints(texts: list[str], what: str) -> tuple[str, ...]:
+    for t in texts:
+        try:
+            parse_constraint(t)
+        except ConstraintError as e:
+            raise SchemaError(f"task: {what}: {e}") from None
+    return tuple(texts)
+
+
+def _job(name: str) -> str:
+    if name and not valid_job_name(name):
+        raise SchemaError(f"task: job {name!r:.70}: a job name {JOB_RULE}")
+    return name
+
+
+def _spread(key: str) -> str:
+    if key and not valid_label_key(key):
+        raise SchemaError(f"task: spread: label key {key!r:.70}: a key {KEY_RULE}")
+    return key
+
+
+def _data_keys(keys: list[str]) -> tuple[str, ...]:
+    for k in keys:
+        if not valid_data_key(k):
+            raise SchemaError(f"task: data: key {k!r:.70}: {DATA_KEY_RULE}")
+    return tuple(keys)
 
 
 def _state_or_none(v: m.TaskState | None) -> str | None:
@@ -188,6 +252,8 @@ def load_report_to_wire(r: m.LoadReport) -> dict[str, Any]:
         "bands": [list(b) for b in r.bands],
         "groups": [list(g) for g in r.groups],
         "usage": [list(u) for u in r.usage],
+        "labels": [list(x) for x in r.labels],
+        "data": r.data,
     }
 
 
@@ -215,9 +281,34 @@ def load_report_from_wire(obj: Any) -> m.LoadReport:
         bands=_bands(f.list("bands")),
         groups=_groups(f.list("groups")),
         usage=_usage(f.list("usage")),
+        labels=_labels(f.list("labels")),
+        data=_digest(f.bytes("data", b"")),
     )
     f.done()
     return r
+
+
+def _labels(obj: list[Any]) -> tuple[tuple[str, str], ...]:
+    if len(obj) > MAX_LABELS:
+        raise SchemaError(f"load report: labels: more than {MAX_LABELS}")
+    pairs = []
+    for x in obj:
+        if not isinstance(x, list | tuple) or len(x) != 2:
+            raise SchemaError(f"load report: labels: expected [key, value], got {x!r:.60}")
+        pairs.append((x[0], x[1]))
+    try:
+        labels = check_labels(dict(pairs), "load report: labels")
+    except ConstraintError as e:
+        raise SchemaError(str(e)) from None
+    if len(labels) != len(pairs):
+        raise SchemaError("load report: labels: a key is repeated")
+    return tuple(sorted(labels.items()))
+
+
+def _digest(b: bytes) -> bytes:
+    if b and len(b) != DIGEST_BYTES:
+        raise SchemaError(f"load report: data: a digest is {DIGEST_BYTES} bytes, got {len(b)}")
+    return b
 
 
 def group_name(name: str, what: str) -> str:

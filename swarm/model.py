@@ -168,6 +168,18 @@ class TaskSpec:
     home: NodeId = ""  # the node the task was submitted at; owns its record
     priority: int = DEFAULT_PRIORITY  # its class's value (higher runs first; policy/sharing.py)
     group: str = ""  # accounting group (fair share, quotas); "" = none given
+    # where it may run (issue 21; policy/constraints.py): hard constraints and soft
+    # preferences over node labels, its job (spread and anti-affinity count within
+    # one job), the label to spread over, at most this many of its job per node (0 =
+    # no limit), the data keys it reads (delay scheduling), and whether a missing
+    # working directory may fall back to $HOME (else the node refuses it)
+    constraints: tuple[str, ...] = ()
+    prefer: tuple[str, ...] = ()
+    job: str = ""
+    spread: str = ""
+    anti_affinity: int = 0
+    data: tuple[str, ...] = ()
+    cwd_any: bool = False
 
 
 def same_submission(a: TaskSpec, b: TaskSpec) -> bool:
@@ -318,6 +330,10 @@ class LoadReport:
     bands: tuple[tuple[int, float], ...] = ()
     groups: tuple[tuple[str, int, int], ...] = ()
     usage: tuple[tuple[str, float, float, float, float], ...] = ()
+    # issue 21: the node's labels, sorted by key (bounded by policy.constraints), and a
+    # Bloom digest of the data keys it holds (policy.datakeys; b"" = none)
+    labels: tuple[tuple[str, str], ...] = ()
+    data: bytes = b""
 
     @property
     def draining(self) -> bool:

@@ -175,6 +175,8 @@ _LOAD_SHORT: Mapping[str, str] = {
     "bands": "b",
     "groups": "gr",
     "usage": "us",
+    "labels": "lb",
+    "data": "dk",
 }
 _LOAD_DEFAULTS: Mapping[str, Any] = model_codec.load_report_to_wire(
     m.LoadReport(node="", version=0)

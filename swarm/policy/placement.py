@@ -13,6 +13,7 @@ refusers) or keep the task queued locally until `not_before` (exponential backof
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -30,11 +31,13 @@ from swarm.model import (
     TaskSpec,
 )
 
+from . import constraints as cons
+from .datakeys import may_hold
 from .gpu import fits_summary, largest_free_slice
-from .load import Capacity, FlexState, Usage, flex_refusal, free_shares, projected_load
+from .load import UNIT, Capacity, FlexState, Usage, flex_refusal, free_shares, projected_load
 from .load import report_load as _report_load
 from .shares import ShareLedger
-from .view import PeerInfo, Sample, sample_peers
+from .view import PeerInfo, Sample, Verdict, sample_peers
 
 # ------------------------------------------------------------------- filtering
 
@@ -50,6 +53,9 @@ class Needs:
     mem: int | None = None
     gpu: GpuRequest | None = None
     priority: int = DEFAULT_PRIORITY
+    constraints: tuple[cons.Constraint, ...] = ()  # hard: a node must satisfy all
+    prefer: tuple[cons.Constraint, ...] = ()  # soft: scored (PREFER_TASKS)
+    data: tuple[str, ...] = ()  # data keys the task reads (delay scheduling)
 
     @classmethod
     def of(cls, spec: TaskSpec) -> Needs:
@@ -61,14 +67,60 @@ class Needs:
             mem=spec.mem,
             gpu=spec.gpu,
             priority=spec.priority,
+            constraints=parsed(spec.constraints),
+            prefer=parsed(spec.prefer),
+            data=spec.data,
         )
+
+
+@functools.lru_cache(maxsize=4096)
+def parsed(texts: tuple[str, ...]) -> tuple[cons.Constraint, ...]:
+    """Constraints parsed once per distinct text (the codec and the submit checks
+    already refused any that does not parse; one that slipped through never matches)."""
+    out = []
+    for t in texts:
+        try:
+            out.append(cons.parse_constraint(t))
+        except cons.ConstraintError:
+            out.append(cons.Constraint("", "exists", (), t))  # no node has label ""
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def label_map(labels: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """A report's labels as a mapping (reports are shared and immutable: cached)."""
+    return dict(labels)
+
+
+def holds_data(r: LoadReport, needs: Needs) -> bool:
+    """Does the node (by its report's Bloom digest) hold every data key of the task?"""
+    return all(may_hold(r.data, k) for k in needs.data)
+
+
+def free_slot(r: LoadReport) -> bool:
+    """Would a task start at once there (by its report), rather than queue?"""
+    return r.running + r.queued < r.slots
+
+
+def data_first(needs: Needs, waited: float, delay: float) -> bool:
+    """Delay scheduling (Zaharia et al., EuroSys 2010): while a task that reads data
+    has waited less than `delay` seconds, it may only go to a node holding its data."""
+    return bool(needs.data) and waited < delay
+
+
+def hold_for_data(needs: Needs, waited: float, delay: float, target: LoadReport | None) -> bool:
+    """Should the home keep the task back rather than send it to `target` (the chosen
+    node's report; None when no holder was eligible)? Yes while `data_first` holds and
+    no holder with a free slot was found: a short wait for a local slot beats reading
+    the data over the network, and after `delay` the task goes anywhere."""
+    return data_first(needs, waited, delay) and (target is None or not free_slot(target))
 
 
 @attrs.frozen
 class Refusal:
     """Why a node cannot take a task. `code` groups reasons in summaries."""
 
-    code: str  # drained | full | reservation | cpu | mem | gpu | stale | refused
+    code: str  # constraint | drained | full | reservation | cpu | mem | gpu | stale | refused
     text: str
 
 
@@ -83,6 +135,10 @@ def refusal(r: LoadReport, needs: Needs) -> Refusal | None:
     """
     if needs.is_global:
         return None
+    if needs.constraints:
+        why = cons.unmet(needs.constraints, label_map(r.labels))
+        if why is not None:
+            return Refusal("constraint", why)
     if r.shares <= 0:
         return Refusal("drained", "drained (shares 0)")
     free = free_shares(r)
@@ -111,16 +167,32 @@ def refusal(r: LoadReport, needs: Needs) -> Refusal | None:
     return None
 
 
+PREFER_TASKS = 2.0
+"""A node that misses all of a task's soft preferences (or, for a task reading data,
+does not hold it) scores as if it ran this many more weight-1 tasks: a preferred
+node wins unless it is busier by about two tasks per slot (shares are 1024 a slot)."""
+
+
 def needs_projected(r: LoadReport, needs: Needs) -> float:
     """The node's load with the task, not counting work the task would preempt there
     (weight of lower priorities, from the report's bands): urgent work is not repelled
-    by a node full of preemptible work."""
-    return projected_load(
-        r.weight_sum - preemptible_weight(r, needs.priority),
-        r.shares,
-        r.reserved_shares,
-        needs.weight,
-        needs.reserve_shares,
+    by a node full of preemptible work. Missed soft preferences and missing data add
+    up to PREFER_TASKS tasks' worth."""
+    extra = 0.0
+    if needs.prefer:
+        missed = len(needs.prefer) - cons.matched(needs.prefer, label_map(r.labels))
+        extra += PREFER_TASKS * missed / len(needs.prefer)
+    if needs.data and not holds_data(r, needs):
+        extra += PREFER_TASKS
+    return (
+        projected_load(
+            r.weight_sum - preemptible_weight(r, needs.priority),
+            r.shares,
+            r.reserved_shares,
+            needs.weight,
+            needs.reserve_shares,
+        )
+        + extra * UNIT
     )
 
 
@@ -212,6 +284,32 @@ class Placement:
 # ------------------------------------------------------------------ placement
 
 
+@attrs.frozen
+class Where:
+    """What the task's home knows beyond the task itself, for soft placement: where its
+    job already runs (spread, anti-affinity) and whether it may only go to nodes that
+    hold its data for now (delay scheduling). Computed by node/placing.py."""
+
+    spread_key: str = ""  # the label to spread the job over
+    spread_to: frozenset[str] = frozenset()  # its values with the fewest of the job
+    full: frozenset[NodeId] = frozenset()  # nodes holding the job's anti-affinity limit
+    holders_only: bool = False  # only nodes whose digest holds the task's data
+
+    def refusal(self, node: NodeId, r: LoadReport, needs: Needs) -> str | None:
+        if node in self.full:
+            return "anti-affinity: holds its limit of the job's tasks"
+        if self.holders_only and not holds_data(r, needs):
+            return "does not hold the task's data (delay scheduling)"
+        return None
+
+    def preferred(self, r: LoadReport) -> bool:
+        """Is the node in the first round of a spread (a least-used value)?"""
+        return not self.spread_key or label_map(r.labels).get(self.spread_key) in self.spread_to
+
+
+NOWHERE = Where()
+
+
 def place(
     spec: TaskSpec,
     local: LoadReport,
@@ -224,6 +322,7 @@ def place(
     max_age: float | None = None,
     scan_below: int = 64,
     max_attempts: int | None = None,
+    where: Where = NOWHERE,
 ) -> Placement:
     """Power-of-d placement of `spec`.
 
@@ -234,6 +333,12 @@ def place(
     reports older than `max_age` seconds are filtered. Views larger than `scan_below`
     are rejection-sampled with at most `max_attempts` draws (see view.sample_peers), so
     the cost is O(d), not O(n). Never returns the minimum over the whole view.
+
+    Hard constraints and `where`'s rules filter like any refusal; when they leave fewer
+    than `d` of a large view's draws, the sample widens to a scan of the view (Tarcil:
+    sampling among few eligible nodes must look further). Soft preferences and data
+    add `d` more draws among the nodes that satisfy them; a spread samples among its
+    least-used values first and falls back to all eligible nodes.
     """
     needs = Needs.of(spec)
     me = local.node
@@ -244,13 +349,35 @@ def place(
         if max_age is not None:
             age = now - entry.received_at
             if age > max_age:
-                return f"stale report (age {age:.1f} s > {max_age:g} s)"
-        why = refusal(entry.report, needs)
-        return None if why is None else why.text
+                return f"report too old (age {age:.1f} s > {max_age:g} s)"
+        why = refusal(entry.report, needs) or where.refusal(node, entry.report, needs)
+        return None if why is None else (why if isinstance(why, str) else why.text)
 
-    sample = sample_peers(
-        view, d, rng, verdict, skip=me, scan_below=scan_below, max_attempts=max_attempts
-    )
+    def sample_with(accept: Verdict) -> Sample:
+        smp = sample_peers(
+            view, d, rng, accept, skip=me, scan_below=scan_below, max_attempts=max_attempts
+        )
+        if len(smp.chosen) < d and not smp.scanned and (needs.constraints or where != NOWHERE):
+            smp = sample_peers(view, d, rng, accept, skip=me, scan_below=len(view) + 1)
+        return smp
+
+    if where.spread_key:
+        first = sample_with(
+            lambda n, e: (
+                verdict(n, e)
+                or (None if where.preferred(e.report) else f"spread: {where.spread_key} has more")
+            )
+        )
+        sample = first if first.chosen else sample_with(verdict)
+    else:
+        sample = sample_with(verdict)
+    if needs.prefer or needs.data:
+        extra = sample_with(
+            lambda n, e: (
+                verdict(n, e) or (None if _satisfies_soft(e.report, needs) else "not preferred")
+            )
+        )
+        sample = _union(sample, extra)
 
     candidates: list[tuple[NodeId, bool, LoadReport, float, float | None, str]] = []
     scored: list[tuple[float, NodeId]] = []
@@ -260,7 +387,9 @@ def place(
         local_why = "refused earlier"
     else:
         lr = refusal(local, needs)
-        local_why = None if lr is None else lr.text
+        local_why = lr.text if lr is not None else where.refusal(me, local, needs)
+        if local_why is None and where.spread_key and sample.chosen and not where.preferred(local):
+            local_why = f"spread: {where.spread_key} has more"
     local_score = None if local_why is not None else needs_projected(local, needs)
     candidates.append((me, True, local, 0.0, local_score, local_why or ""))
     if local_score is not None:
@@ -307,6 +436,28 @@ def place(
         return text
 
     return result(target, summary)
+
+
+def _satisfies_soft(r: LoadReport, needs: Needs) -> bool:
+    labels = label_map(r.labels)
+    return all(p.unmet(labels) is None for p in needs.prefer) and holds_data(r, needs)
+
+
+def _union(a: Sample, b: Sample) -> Sample:
+    """Both samples' draws, each node once (a node chosen in either is chosen)."""
+    chosen = tuple(dict.fromkeys((*a.chosen, *b.chosen)))
+    picked = set(chosen)
+    rejected = tuple(
+        (n, w) for n, w in dict(reversed((*a.rejected, *b.rejected))).items() if n not in picked
+    )
+    unchosen = tuple(n for n in dict.fromkeys((*a.unchosen, *b.unchosen)) if n not in picked)
+    return Sample(
+        chosen,
+        rejected,
+        unchosen,
+        scanned=a.scanned and b.scanned,
+        examined=len(picked) + len(rejected) + len(unchosen),
+    )
 
 
 def _fmt(x: float) -> str:

@@ -113,7 +113,7 @@ def test_exclude_and_max_age() -> None:
     assert p.target == "ok"
     by = {c.node: c.why_not for c in p.candidates}
     assert by["ref"] == "refused earlier"
-    assert by["old"].startswith("stale report")
+    assert by["old"].startswith("report too old")
 
 
 def test_no_eligible_node_names_the_closest_miss() -> None:
