@@ -3,7 +3,8 @@
 Load index: ``weight_sum / (shares - reserved)``. Shares express a node's capacity,
 weights a task's demand, so equal load means "fair share" across unequal machines.
 A node with no unreserved shares left has infinite load: it takes no more ordinary
-work. One weight-1 task on a default 1024-share node has load 1/1024 (`UNIT`).
+work. Shares default to 1024 per slot (`default_shares`), so one weight-1 task per
+slot is load 1/1024 (`UNIT`) on any node with default settings.
 
 Flex: admit when, for every resource, ``P * estimated_usage + request <= capacity``.
 P is a penalty on measured usage that grows quickly while local QoS (PSI) is violated
@@ -25,6 +26,16 @@ UNIT = 1.0 / DEFAULT_SHARES
 
 
 # ------------------------------------------------------------------ load index
+
+
+SHARES_PER_SLOT = DEFAULT_SHARES
+
+
+def default_shares(slots: int) -> int:
+    """A node's shares when its operator sets none: 1024 per slot (slots default to the
+    CPUs), so the load index is tasks per slot and a 16-slot node takes four times the
+    work of a 4-slot one; transfer's thresholds (in UNIT) then read per slot."""
+    return SHARES_PER_SLOT * max(int(slots), 1)
 
 
 def load_index(weight_sum: float, shares: int, reserved: int) -> float:
