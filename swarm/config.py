@@ -21,6 +21,7 @@ import attrs
 
 from .options import OPTIONS, OPTIONS_BY_NAME, Option, parse_duration
 from .paths import default_paths as _default_paths
+from .policy.load import default_shares
 from .policy.sharing import Sharing, SharingError
 from .policy.sharing import parse as parse_sharing
 
@@ -225,6 +226,8 @@ def load_config(
     values["socket"] = Path(values["socket"]).absolute()
     if values["slots"] is None:
         values["slots"] = os.cpu_count() or 1
+    if values["shares"] is None:
+        values["shares"] = default_shares(values["slots"])
     if values["node_id"] is None:
         values["node_id"] = socket.gethostname()
     if not values["node_id"] or len(values["node_id"]) > 128:

@@ -79,7 +79,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("socket", "path", None, "local submit socket (default per user)"),
     Option("socket-group", "str", None, "group owning the submit socket (mode 0660)"),
     Option("slots", "int", None, "tasks run at once on this node (default: CPUs)", _positive),
-    Option("shares", "int", 1024, "this node's shares (0 = drain)", _non_negative),
+    Option(
+        "shares",
+        "int",
+        None,
+        "this node's shares (default: 1024 per slot; 0 = drain)",
+        _non_negative,
+    ),
     Option("kill-grace", "float", 10.0, "seconds between SIGTERM and SIGKILL", _non_negative),
     Option(
         "keep-finished",
