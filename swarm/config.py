@@ -21,6 +21,8 @@ import attrs
 
 from .options import OPTIONS, OPTIONS_BY_NAME, Option, parse_duration
 from .paths import default_paths as _default_paths
+from .policy.constraints import ConstraintError, check_labels
+from .policy.datakeys import DATA_KEY_RULE, valid_data_key
 from .policy.load import default_shares
 from .policy.sharing import Sharing, SharingError
 from .policy.sharing import parse as parse_sharing
@@ -74,6 +76,10 @@ def _coerce(opt: Option, value: Any, source: str) -> Any:
                 )
             return Path(value).expanduser() if kind == "path" else value
         if kind == "list":
+            if isinstance(value, dict) and opt.name == "labels":  # labels = { rack = "r1" }
+                if not all(isinstance(v, str) for v in value.values()):
+                    raise ValueError("label values must be strings")
+                return [f"{k}={v}" for k, v in value.items()]
             if isinstance(value, str):
                 return [x.strip() for x in value.split(",") if x.strip()]
             if isinstance(value, list) and all(isinstance(x, str) for x in value):
@@ -139,8 +145,18 @@ class Config:
     fair_share_half_life: str
     quota_floor: float
     quota_lag: float
+    labels: list[str]
+    data_keys: list[str]
+    data_dirs: list[str]
+    data_delay: float
+    report_max_age: float | None
     config_file: Path | None = None
     sharing: Sharing = attrs.field(factory=Sharing)
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        """The static labels (checked when loaded)."""
+        return dict(x.split("=", 1) for x in self.labels)
 
     @property
     def keep_finished_s(self) -> float:
@@ -154,6 +170,27 @@ class Config:
     @property
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
+
+
+def _check_where(values: dict[str, Any]) -> None:
+    """Labels, data keys and data directories: one clear line naming the bad one."""
+    labels: dict[str, str] = {}
+    for item in values["labels"]:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError("labels", f"expected KEY=VALUE, got {item!r:.60}")
+        labels[key.strip()] = value.strip()
+    try:
+        labels = check_labels(labels, "labels")
+    except ConstraintError as e:
+        raise ConfigError("labels", str(e).removeprefix("labels: ")) from None
+    values["labels"] = [f"{k}={v}" for k, v in labels.items()]
+    for key in values["data_keys"]:
+        if not valid_data_key(key):
+            raise ConfigError("data-keys", f"{key!r:.60}: {DATA_KEY_RULE}")
+    for d in values["data_dirs"]:
+        if not d.startswith("/"):
+            raise ConfigError("data-dirs", f"{d!r:.60}: must be an absolute path")
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -253,4 +290,5 @@ def load_config(
         )
     except SharingError as e:
         raise ConfigError(e.key, e.message) from None
+    _check_where(values)
     return Config(config_file=cfg_file, sharing=sharing, **values)

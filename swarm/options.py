@@ -175,6 +175,36 @@ OPTIONS: tuple[Option, ...] = (
         " node may then overshoot the cap by this much)",
         _non_negative,
     ),
+    # where tasks run (issue 21; swarm/policy/constraints.py)
+    Option(
+        "labels",
+        "list",
+        [],
+        "this node's labels KEY=VALUE (comma-separated; in agent.toml a table,"
+        ' labels = { rack = "r1" }); added to the facts the agent discovers',
+    ),
+    Option("data-keys", "list", [], "data sets this node holds, by name or path (--data)"),
+    Option(
+        "data-dirs",
+        "list",
+        [],
+        "directories whose entries are data sets held here (name and path of each)",
+    ),
+    Option(
+        "data-delay",
+        "float",
+        3.0,
+        "seconds a task that reads data waits for a slot on a node holding it",
+        _non_negative,
+    ),
+    Option(
+        "report-max-age",
+        "float",
+        None,
+        "seconds: older peer load reports are not placement candidates"
+        " (default: 3 load refresh intervals, 15 s on lan)",
+        _positive,
+    ),
     Option(
         "quota-lag",
         "float",

@@ -15,7 +15,7 @@ of nodes without a NodeState each. Both decide through the functions here and in
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .. import model as m
 from ..policy import load as loadpol
@@ -42,13 +42,28 @@ def choose(
     exclude: frozenset[m.NodeId] = frozenset(),
     *,
     scan_below: int = 64,
+    max_age: float | None = None,
+    where: pl.Where = pl.NOWHERE,
 ) -> pl.Placement:
     """Where `spec` goes, placed from the node whose fresh report is `local`: the rule
     `random` draws a uniformly random eligible node (that one included), any other rule
-    is power of `d` choices over `view` plus `local`. Nodes in `exclude` refused it."""
+    is power of `d` choices over `view` plus `local`. Nodes in `exclude` refused it;
+    reports older than `max_age` are not candidates; `where` carries the home's view of
+    the task's job and data (spread, anti-affinity, delay scheduling)."""
     if rule == RANDOM:
         return place_random(local.node, spec, local, view, rng, exclude)
-    return pl.place(spec, local, view, rng, now, d=d, exclude=exclude, scan_below=scan_below)
+    return pl.place(
+        spec,
+        local,
+        view,
+        rng,
+        now,
+        d=d,
+        exclude=exclude,
+        scan_below=scan_below,
+        max_age=max_age,
+        where=where,
+    )
 
 
 def admission_refusal(
@@ -60,6 +75,7 @@ def admission_refusal(
     *,
     gpus: Sequence[m.GpuDeviceFree] | None = None,
     hook: Callable[[m.TaskSpec], str | None] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> str | None:
     """Why a node would not take `spec` now (None: it would), on its fresh state: the
     test hook first, a task already here is taken again (handoffs retry), else
@@ -68,7 +84,7 @@ def admission_refusal(
         return why
     if spec.id in ledger:
         return None
-    adm = pl.admit(spec, ledger, flex, usage, capacity, gpus=gpus)
+    adm = pl.admit(spec, ledger, flex, usage, capacity, gpus=gpus, labels=labels)
     return None if adm.ok else adm.reason
 
 

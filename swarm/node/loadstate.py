@@ -47,6 +47,9 @@ class LoadState:
     admission_hook: Callable[[m.TaskSpec], str | None] | None
     share_cache: tuple[float, dict[str, Any]] | None
     running: Any
+    labels: tuple[tuple[str, str], ...]
+    label_map: dict[str, str]
+    data_digest: bytes
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -93,6 +96,8 @@ class LoadState:
             isolation=self.isolation,
             criu=self.criu,
             gpus=self.gpus.summary(),
+            labels=self.labels,
+            data=self.data_digest,
             **self.shared_fields(wall),
         )
 
@@ -120,9 +125,23 @@ class LoadState:
         return self.peak.estimate, loadpol.Capacity(cpu=s.cpus, mem=s.mem_total)
 
     def admit_here(self, spec: m.TaskSpec) -> pl.Admission:
-        """Admission with this node's fresh state (placement used gossip-age data)."""
+        """Admission with this node's fresh state (placement used gossip-age data),
+        after the runtime's own check (the user exists here, the working directory
+        too)."""
+        if self.admission_hook is not None and spec.id not in self.ledger:
+            why = self.admission_hook(spec)
+            if why:
+                return pl.Admission(False, why)
         usage, cap = self.usage()
-        return pl.admit(spec, self.ledger, self.flex, usage, cap, gpus=self.gpus.summary())
+        return pl.admit(
+            spec,
+            self.ledger,
+            self.flex,
+            usage,
+            cap,
+            gpus=self.gpus.summary(),
+            labels=self.label_map,
+        )
 
     def admission_refusal(self, spec: m.TaskSpec) -> str | None:
         """Why this node would not take an offered task now (None: it would)."""
@@ -135,6 +154,7 @@ class LoadState:
             cap,
             gpus=self.gpus.summary(),
             hook=self.admission_hook,
+            labels=self.label_map,
         )
 
     def queue_view(self, now: float) -> list[tr.QueuedTask]:

@@ -18,6 +18,7 @@ import attrs
 
 from .. import model as m
 from ..cluster import handoff as h
+from ..policy import constraints as cons
 from ..policy import gpu as gpupol
 from ..policy import placement as pl
 from ..policy import shares as sh
@@ -29,6 +30,8 @@ from .records import TaskRecords
 S = m.TaskState
 EXPLAIN_CACHE = 10_000  # tasks whose decisions stay in memory
 RETRY = pl.RetryPolicy(base=0.5, max_backoff=10.0)
+NO_CWD = "working directory "  # how a refusal for a missing cwd begins (runtime/cwdcheck.py)
+DATA_RETRY = 0.25  # a task held for its data looks for a holder's free slot this often
 
 
 @attrs.define
@@ -36,6 +39,7 @@ class Job:
     retry: pl.PlacementRetry = attrs.field(factory=pl.PlacementRetry)
     first: pl.Placement | None = None  # a decision taken moments ago, to carry out
     offered: pl.Placement | None = None  # the decision whose offer is out
+    no_cwd: set[m.NodeId] = attrs.field(factory=set)  # refused: its cwd is not there
 
 
 class Placing:
@@ -54,6 +58,8 @@ class Placing:
     explains: OrderedDict[m.TaskId, list[dict[str, Any]]]
     counters: dict[str, int]
     handoffs: Any
+    report_max_age: float | None
+    data_delay: float
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -75,6 +81,11 @@ class Placing:
         ) -> tuple[str | None, list[ev.Instruction]]:
             raise NotImplementedError
 
+        def _change(
+            self, tid: m.TaskId, dst: m.TaskState, wall: float, cause: str, durable: bool = False
+        ) -> tuple[m.Task, ev.Record]:
+            raise NotImplementedError
+
     # ------------------------------------------------------------ decisions
 
     def placeable(self, t: m.Task) -> bool:
@@ -94,7 +105,51 @@ class Placing:
     ) -> pl.Placement:
         local = self.local_report(wall)
         return decide.choose(
-            self.placement_rule, self.d, spec, local, self.view, self.rng, now, exclude
+            self.placement_rule,
+            self.d,
+            spec,
+            local,
+            self.view,
+            self.rng,
+            now,
+            exclude,
+            max_age=self.report_max_age,
+            where=self.where(spec, local, wall),
+        )
+
+    def where(self, spec: m.TaskSpec, local: m.LoadReport, wall: float) -> pl.Where:
+        """What this home knows for `spec`'s soft placement: its job's tasks per node
+        and per value of the spread label, and whether its data must be local for now."""
+        holders = pl.data_first(pl.Needs.of(spec), wall - spec.submitted_at, self.data_delay)
+        if not spec.job or not (spec.spread or spec.anti_affinity):
+            return pl.Where(holders_only=True) if holders else pl.NOWHERE
+        per_node: dict[m.NodeId, int] = {}
+        for t in self.records.active.values():
+            if t.spec.job == spec.job and t.id != spec.id and t.spec.uid == spec.uid:
+                per_node[t.node] = per_node.get(t.node, 0) + 1
+        full = frozenset(
+            n for n, c in per_node.items() if spec.anti_affinity and c >= spec.anti_affinity
+        )
+        spread_to: frozenset[str] = frozenset()
+        if spec.spread:
+            reports = {n: e.report for n, e in self.view.items()}
+            reports[self.node] = local
+            needs = pl.Needs.of(spec)
+            value = {n: pl.label_map(r.labels).get(spec.spread) for n, r in reports.items()}
+            per_value: dict[str, int] = {}
+            for n, c in per_node.items():
+                v = value.get(n)
+                if v is not None:
+                    per_value[v] = per_value.get(v, 0) + c
+
+            def allowed(r: m.LoadReport) -> bool:
+                why = pl.refusal(r, needs) if needs.constraints else None
+                return why is None or why.code != "constraint"
+
+            live = [v for n, v in value.items() if v is not None and allowed(reports[n])]
+            spread_to = cons.spread_values(per_value, live)
+        return pl.Where(
+            spread_key=spec.spread, spread_to=spread_to, full=full, holders_only=holders
         )
 
     def explain(self, tid: m.TaskId, rec: dict[str, Any], wall: float) -> ev.Explain:
@@ -129,13 +184,15 @@ class Placing:
         t = self.records.active.get(tid)
         if t is not None and self.placeable(t):
             first = self.choose(t.spec, now, wall)
-            if first.target == self.node:
+            if first.target == self.node and not t.spec.data:
                 adm = self.admit_here(t.spec)
                 if adm.ok:
                     self.counters["placements"] += 1
                     return self._run_here(t, first, adm, now, wall)
                 first = None  # refused here: the job chooses again (and records a refusal)
-        self.jobs[tid] = Job(first=first)
+                if adm.reason.startswith(NO_CWD):
+                    self.jobs[tid] = Job(no_cwd={self.node})
+        self.jobs.setdefault(tid, Job(first=first))
         later = self.step(tid, now, wall)
         return [ev.Later(tuple(later))] if later else []
 
@@ -168,6 +225,13 @@ class Placing:
             else:
                 p = self.choose(t.spec, now, wall, job.retry.exclude)
             self.counters["placements"] += 1
+            wait = self._data_wait(t.spec, p, now, wall)
+            if wait is not None:
+                rec = p.explain()
+                rec["outcome"] = wait[1]
+                out.append(self.explain(tid, rec, wall))
+                job.retry = attrs.evolve(job.retry, not_before=wait[0])
+                continue
             if p.target is None:
                 rec = p.explain()
                 rec["outcome"] = "waiting: " + p.summary
@@ -181,6 +245,8 @@ class Placing:
                     del self.jobs[tid]
                     return out
                 job.retry = job.retry.on_refusal(self.node, now, RETRY, self.rng)
+                if self._cwd_nowhere(tid, job, self.node, adm.reason):
+                    return out + self._fail_no_cwd(t, job, wall)
                 continue
             why, instrs = self.offer(tid, p.target, now, wall)
             if why is None:
@@ -190,6 +256,29 @@ class Placing:
             rec["outcome"] = f"{p.target} refused: {why}"
             out.append(self.explain(tid, rec, wall))
             job.retry = job.retry.on_refusal(p.target, now, RETRY, self.rng)
+            if self._cwd_nowhere(tid, job, p.target, why):
+                return out + self._fail_no_cwd(t, job, wall)
+
+    def _data_wait(
+        self, spec: m.TaskSpec, p: pl.Placement, now: float, wall: float
+    ) -> tuple[float, str] | None:
+        """Delay scheduling: (until when, why) the task waits for a node that holds its
+        data and has a free slot; None when it goes on now."""
+        needs = pl.Needs.of(spec)
+        waited = wall - spec.submitted_at
+        target = None
+        if p.target == self.node:
+            target = self.local_report(wall)
+        elif p.target is not None and p.target in self.view:
+            target = self.view[p.target].report
+        if not pl.hold_for_data(needs, waited, self.data_delay, target):
+            return None
+        left = self.data_delay - waited
+        why = (
+            f"waiting for a slot on a node holding {', '.join(spec.data)}"
+            f" ({waited:.1f} s of {self.data_delay:g} s; then any node)"
+        )
+        return now + min(DATA_RETRY, max(left, 0.0)), why
 
     def _kept_here(self, t: m.Task) -> str | None:
         """Why a task must run here rather than be placed (None: place it)."""
@@ -222,7 +311,27 @@ class Placing:
         else:
             assert p.target is not None
             job.retry = job.retry.on_refusal(p.target, now, RETRY, self.rng)
+            t = self.records.active.get(tid)
+            if t is not None and self._cwd_nowhere(tid, job, p.target, reason):
+                return out + self._fail_no_cwd(t, job, wall)
         return out + self.step(tid, now, wall)
+
+    def _cwd_nowhere(self, tid: m.TaskId, job: Job, node: m.NodeId, reason: str) -> bool:
+        """Note a refusal for a missing working directory; True once this node and every
+        peer in the view have refused the task for it."""
+        if not reason.startswith(NO_CWD):
+            return False
+        job.no_cwd.add(node)
+        return self.node in job.no_cwd and all(n in job.no_cwd for n in self.view)
+
+    def _fail_no_cwd(self, t: m.Task, job: Job, wall: float) -> list[ev.Instruction]:
+        del self.jobs[t.id]
+        why = (
+            f"working directory {t.spec.cwd} does not exist on any node"
+            f" ({len(job.no_cwd)} checked; --cwd-any runs it in $HOME instead)"
+        )
+        _, rec = self._change(t.id, S.FAILED, wall, why, durable=True)
+        return [self.explain(t.id, {"outcome": "failed: " + why}, wall), rec]
 
     def wake(self, now: float, wall: float) -> list[ev.Instruction]:
         """Time passed, or a peer's report or join came in: jobs go on where they can."""

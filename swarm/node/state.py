@@ -58,6 +58,11 @@ class Settings:
     migration_period: float | None = None  # None: no migration side
     breaks: frozenset[str] = frozenset()  # TEST-ONLY chaos switches (testbreak.py)
     sharing: Sharing = attrs.field(factory=Sharing)  # priorities, groups, quotas, fair share
+    # issue 21: where tasks may run
+    report_max_age: float | None = None  # older peer reports are not placement candidates
+    data_delay: float = 3.0  # delay scheduling: a data task waits this long for a holder
+    labels: tuple[tuple[str, str], ...] = ()  # this node's labels (static + discovered)
+    data_digest: bytes = b""  # Bloom digest of the data keys held here
 
 
 class NodeState(Location, LoadState, Placing, Timers, RunQueue):
@@ -92,6 +97,11 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
         self.d = settings.placement_d
         self.placement_rule = settings.placement_rule
         self.slots = settings.slots
+        self.report_max_age = settings.report_max_age
+        self.data_delay = settings.data_delay
+        self.labels = settings.labels
+        self.label_map = dict(settings.labels)
+        self.data_digest = settings.data_digest
         self.share_changes = ShareChanges(ledger, settings.default_shares)
         self.report_interval = settings.report_interval
         self.transfer_interval = settings.transfer_interval

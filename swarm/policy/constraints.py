@@ -14,13 +14,15 @@ Constraint grammar (one per `--constraint`, a label key on the left):
     key                      !key              the label exists / does not
 
 A missing label fails every test but `!=`, `notin` and `!key` (as Nomad's `!=`).
-Sizes compare as numbers with binary suffixes (K, M, G, T, P; 64G = 64 GiB); values
-that are not both sizes compare as versions (their runs of digits, left to right).
+Sizes compare as numbers with binary suffixes (K, M, G, T, P; 64G = 64 GiB; a
+fraction needs a suffix: 1.5T); values that are not both sizes compare as versions
+(their runs of digits, left to right), so os.version 9.10 is above 9.4.
 
 Security: a constraint is a submitter's data and the agent evaluates it, so a regex
 is restricted to keep matching cheap on any label (at most 64 characters): no groups,
-no backslash escapes, no counted repeats, at most two unbounded repeats (`*`, `+`),
-so a search costs at most about 64**3 steps.
+no backslash escapes, no counted repeats, at most two repeats (`*`, `+`, `?`; each
+`?` doubles the paths a backtracking search may try), so a search costs at most
+about 64**3 steps.
 """
 
 from __future__ import annotations
@@ -181,10 +183,10 @@ def _safe_regex(pattern: str, text: str) -> re.Pattern[str]:
     if bad:
         raise ConstraintError(
             f"{text!r}: regex may not use {''.join(sorted(bad))!r}"
-            " (allowed: literals, '.', '|', '[...]', '^', '$', '?', and at most two '*' or '+')"
+            " (allowed: literals, '.', '|', '[...]', '^', '$', and at most two '*', '+' or '?')"
         )
-    if sum(pattern.count(c) for c in "*+") > 2:
-        raise ConstraintError(f"{text!r}: regex has more than two '*' or '+'")
+    if sum(pattern.count(c) for c in "*+?") > 2:
+        raise ConstraintError(f"{text!r}: regex has more than two '*', '+' or '?'")
     if re.search(r"[*+?][*+?]", pattern):
         raise ConstraintError(f"{text!r}: regex has a repeated repeat")
     try:
@@ -197,9 +199,10 @@ def _safe_regex(pattern: str, text: str) -> re.Pattern[str]:
 
 
 def size_value(text: str) -> float | None:
-    """`64G` -> 64 * 2**30, `3` -> 3, `1.5T`; None when `text` is not a size."""
+    """`64G` -> 64 * 2**30, `3` -> 3, `1.5T`; None when `text` is not a size (`9.10`
+    without a suffix is a version: as a decimal it would sort below `9.4`)."""
     m = _SIZE.fullmatch(text.strip())
-    if m is None:
+    if m is None or ("." in m.group(1) and not m.group(2)):
         return None
     return float(m.group(1)) * _SUFFIX[m.group(2).upper()]
 

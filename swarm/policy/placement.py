@@ -524,18 +524,24 @@ def admit(
     capacity: Capacity,
     *,
     gpus: Sequence[GpuDeviceFree] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Admission:
     """The target's re-check on fresh state before it accepts a placed or pushed task.
 
     Idempotent: a task already in the ledger is accepted again (handoffs retry).
     Global tasks are always accepted. Otherwise the share rules (drain, reservation
     fits unconsumed shares), the GPU summary when `gpus` is given, and Flex
-    ``P * usage + request <= capacity`` for CPU and memory.
+    ``P * usage + request <= capacity`` for CPU and memory. Hard constraints are
+    tested on the node's own `labels` (fresh: the placer read gossiped ones).
     """
     if spec.id in local_state:
         return Admission(True, "already here")
     if spec.is_global:
         return Admission(True, "global task")
+    if spec.constraints and labels is not None:
+        unmet = cons.unmet(parsed(spec.constraints), labels)
+        if unmet is not None:
+            return Admission(False, unmet)
     why = local_state.refuse_new(spec)
     if why is not None:
         return Admission(False, why)

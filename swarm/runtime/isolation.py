@@ -44,6 +44,7 @@ import trio
 
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
+from .cwdcheck import cwd_refusal
 from .executor import ProcessPlan, ProcessResult
 from .executor import write_control as _write
 from .runner import PlanRefused
@@ -719,7 +720,17 @@ class TaskIsolation:
         self.cgroups.close()
 
     def admission_refusal(self, spec: m.TaskSpec) -> str | None:
-        return self.identities.refusal(spec)
+        """Why `spec` may not run here at all: its user does not exist (or is root and
+        root tasks are off), or its working directory is not there for that user."""
+        try:
+            ident = self.identities.resolve(spec)
+        except PlanRefused as e:
+            return str(e)
+        if spec.cwd_any:
+            return None
+        if ident is None:
+            return cwd_refusal(spec.cwd, self.identities.node, None)
+        return cwd_refusal(spec.cwd, self.identities.node, ident.uid, (ident.gid, *ident.groups))
 
     def owner_of(self, spec: m.TaskSpec) -> tuple[int, int] | None:
         """Whom a task's received state belongs to here, (uid, gid); None: the agent's

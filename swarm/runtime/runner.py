@@ -265,8 +265,8 @@ class LocalRunner:
         if spec.migrate is not m.MigrateMode.NEVER:
             env["SWARM_STATE_DIR"] = str(self.state_dir_of(task.id))
         cwd = spec.cwd or (user.pw_dir if user else "/")
-        if not os.path.isdir(cwd) and spec.home and spec.home != self.node:
-            # the submitter's directory does not exist on this host: fall back
+        if spec.cwd_any and not os.path.isdir(cwd):
+            # --cwd-any: the submitter's directory does not exist on this host: fall back
             cwd = user.pw_dir if user and os.path.isdir(user.pw_dir) else "/"
         return ProcessPlan(
             task_id=task.id, argv=spec.argv, env=env, cwd=cwd, stdout=out, stderr=err

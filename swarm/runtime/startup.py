@@ -19,9 +19,11 @@ from ..model import TaskSpec
 from ..node.config import Profile
 from ..node.moves import MoveSettings
 from ..node.state import Settings
+from ..policy import datakeys
 from ..policy import gpu as gpupol
+from ..policy.constraints import merge_labels
 from ..policy.shares import ShareLedger
-from . import exechelper
+from . import exechelper, hostfacts
 from . import gpu as gpu_runtime
 from .clock import Clock
 from .driver import Driver
@@ -200,6 +202,37 @@ def cluster_node(
     )
 
 
+MAX_DATA_KEYS = 48  # keys in the 512-bit digest: ~1% false positives (policy.datakeys)
+
+
+def node_labels(config: Config, gpus: Inventory) -> tuple[tuple[str, str], ...]:
+    """The labels this node advertises: what it discovers about its host, overridden
+    by its configured ones, within the report's bounds."""
+    models = hostfacts.gpu_models_from_proc()
+    if gpus.devices and len(models) != len(gpus.devices):  # declared or found by NVML
+        models = [models[0] if models else "unknown"] * len(gpus.devices)
+    facts = hostfacts.discover(gpu_models=models)
+    return tuple(merge_labels(facts, config.label_map).items())
+
+
+def data_digest(config: Config, log: EventLog) -> bytes:
+    """The Bloom digest of the data sets held here: configured keys first, then the
+    entries of the data directories, at most MAX_DATA_KEYS in all (more would make the
+    digest say "maybe" to most keys)."""
+    keys = list(dict.fromkeys(config.data_keys))
+    dirs = [Path(d) for d in config.data_dirs]
+    for d in dirs:
+        if not d.is_dir():
+            log.warning("data.dir_missing", dir=str(d))
+    keys += [k for k in hostfacts.scan_data_dirs(dirs) if k not in keys]
+    if len(keys) > MAX_DATA_KEYS:
+        log.warning("data.too_many_keys", keys=len(keys), kept=MAX_DATA_KEYS)
+        keys = keys[:MAX_DATA_KEYS]
+    if keys:
+        log.info("data.keys", count=len(keys), keys=keys[:8])
+    return datakeys.digest(keys)
+
+
 def driver(
     config: Config,
     profile: Profile,
@@ -226,6 +259,11 @@ def driver(
         default_shares=config.shares,
         breaks=testbreak.active(),
         sharing=config.sharing,
+        report_max_age=config.report_max_age
+        or 3 * profile.membership.load_refresh_interval,
+        data_delay=config.data_delay,
+        labels=node_labels(config, gpus),
+        data_digest=data_digest(config, log),
     )
     return Driver(
         node=config.node_id,

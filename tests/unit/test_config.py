@@ -15,7 +15,7 @@ def test_defaults_for_root() -> None:
     c = load_config(env={}, uid=0)
     assert c.state_dir == Path("/var/lib/swarm")
     assert c.socket == Path("/run/swarm/swarm.sock")
-    assert c.shares == 1024 and c.slots >= 1 and c.placement_d == 2
+    assert c.shares == 1024 * c.slots and c.slots >= 1 and c.placement_d == 2
 
 
 def test_defaults_for_a_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
