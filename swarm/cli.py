@@ -191,6 +191,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         extra["priority"] = args.priority
     if args.group:
         extra["group"] = args.group
+    for flag in ("constraint", "prefer", "data"):
+        if getattr(args, flag):
+            extra["constraints" if flag == "constraint" else flag] = getattr(args, flag)
+    for flag in ("job", "spread", "anti_affinity", "cwd_any", "wait_for_node"):
+        if getattr(args, flag):
+            extra[flag] = getattr(args, flag)
     gpu = _gpu_request(args)
     if gpu is not None:
         extra["gpu"] = gpu
@@ -408,6 +414,13 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         nodes = c.call("nodes")["nodes"]
     if args.json:
         print(json.dumps(nodes))
+        return EXIT_OK
+    if args.labels:
+        for n in nodes:
+            ld = n.get("load") or {}
+            pairs = " ".join(f"{k}={v}" for k, v in ld.get("labels") or [])
+            data = " data" if ld.get("data") else ""
+            print(f"{n['node']}{' *' if n.get('self') else ''}: {pairs or '-'}{data}")
         return EXIT_OK
     rows = []
     for n in nodes:
@@ -695,7 +708,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--gpu-memory", help="GPU memory, e.g. 8GiB")
     s.add_argument("--gpu-memory-ratio", type=int, help="GPU memory percent of one device")
-    s.add_argument("--label", action="append", metavar="K=V", help="label (repeatable)")
+    s.add_argument(
+        "--label",
+        action="append",
+        metavar="K=V",
+        help="the task's own label, shown by swarm status (repeatable; where it runs is"
+        " --constraint's business)",
+    )
+    wh = s.add_argument_group("where it runs (node labels: swarm nodes)")
+    wh.add_argument(
+        "--constraint",
+        action="append",
+        metavar="EXPR",
+        help="hard: only nodes whose labels satisfy EXPR, e.g. arch=x86_64,"
+        " 'gpu.model~H100|H200', 'mem>=64G', 'rack in r1,r2', '!gpu' (repeatable)",
+    )
+    wh.add_argument(
+        "--prefer", action="append", metavar="EXPR", help="soft: favour such nodes (repeatable)"
+    )
+    wh.add_argument(
+        "--job", metavar="NAME", help="the job this task belongs to (spread, anti-affinity)"
+    )
+    wh.add_argument(
+        "--spread", metavar="LABEL", help="spread the job's tasks evenly over LABEL's values"
+    )
+    wh.add_argument(
+        "--anti-affinity", type=int, metavar="K", help="at most K of the job's tasks per node"
+    )
+    wh.add_argument(
+        "--data",
+        action="append",
+        metavar="KEY",
+        help="a data set it reads (name or path): nodes holding it are tried first (repeatable)",
+    )
+    wh.add_argument(
+        "--cwd-any",
+        action="store_true",
+        help="run even where the working directory does not exist (in $HOME there)",
+    )
+    wh.add_argument(
+        "--wait-for-node",
+        action="store_true",
+        help="accept it even if no node satisfies its constraints yet",
+    )
     s.add_argument(
         "--migrate", choices=["never", "checkpoint", "restart", "criu"], help="migration mode"
     )
@@ -738,6 +793,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     nd = add("nodes", cmd_nodes, "list cluster members with their load")
     nd.add_argument("--json", action="store_true")
+    nd.add_argument(
+        "--labels", "-l", action="store_true", help="each node's labels (what --constraint tests)"
+    )
 
     ex = add("explain", cmd_explain, "why a task went where it went")
     ex.add_argument("id")

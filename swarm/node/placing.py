@@ -126,7 +126,9 @@ class Placing:
         per_node: dict[m.NodeId, int] = {}
         for t in self.records.active.values():
             if t.spec.job == spec.job and t.id != spec.id and t.spec.uid == spec.uid:
-                per_node[t.node] = per_node.get(t.node, 0) + 1
+                job = self.jobs.get(t.id)  # an offer in flight counts where it goes
+                n = job.offered.target if job and job.offered and job.offered.target else t.node
+                per_node[n] = per_node.get(n, 0) + 1
         full = frozenset(
             n for n, c in per_node.items() if spec.anti_affinity and c >= spec.anti_affinity
         )

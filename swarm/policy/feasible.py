@@ -9,9 +9,9 @@ or that does not report a capacity (0 = not reported), could be the one that fit
 the answer is then "maybe" (None) and the task is accepted as before.
 
 Capacity, not current load: a busy node frees up, a drained node can be undrained,
-so only what a node has at all (cores, total memory, GPU devices and their memory)
-decides here. Global tasks run on every node as each one admits them; they are not
-checked.
+so only what a node has at all (cores, total memory, GPU devices and their memory,
+and its labels for hard constraints) decides here. Global tasks run on every node
+as each one admits them; they are not checked.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import attrs
 
 from swarm.model import GpuDeviceFree, GpuRequest, LoadReport, NodeId, TaskSpec
 
+from .constraints import unmet
 from .gpu import fits_summary
+from .placement import parsed
 
 
 @attrs.frozen
@@ -33,10 +35,11 @@ class NodeCapacity:
     cpus: float = 0.0
     mem_total: int = 0
     gpus: tuple[GpuDeviceFree, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, r: LoadReport) -> NodeCapacity:
-        return cls(r.node, r.cpus, r.mem_total, r.gpus)
+        return cls(r.node, r.cpus, r.mem_total, r.gpus, r.labels)
 
 
 def _idle(gpus: Sequence[GpuDeviceFree]) -> tuple[GpuDeviceFree, ...]:
@@ -45,7 +48,12 @@ def _idle(gpus: Sequence[GpuDeviceFree]) -> tuple[GpuDeviceFree, ...]:
 
 
 def why_not(spec: TaskSpec, cap: NodeCapacity) -> str | None:
-    """None when `cap` could host `spec` once idle, else why not (one short clause)."""
+    """None when `cap` could host `spec` once idle, else why not (one short clause).
+    Hard constraints count as capacity: labels change only when an operator edits them."""
+    if spec.constraints:
+        why = unmet(parsed(spec.constraints), dict(cap.labels))
+        if why is not None:
+            return why
     if spec.cpu is not None and spec.cpu > 0 and cap.cpus > 0 and spec.cpu > cap.cpus:
         return f"wants {spec.cpu:g} cores, has {cap.cpus:g}"
     if spec.mem is not None and spec.mem > 0 and cap.mem_total > 0 and spec.mem > cap.mem_total:
@@ -70,6 +78,16 @@ def _gpus_text(gpus: Sequence[GpuDeviceFree]) -> str:
     return f"{len(gpus)} GPU(s) of at most {max(g.total_mem for g in gpus)} bytes"
 
 
+def asks_for_something(spec: TaskSpec) -> bool:
+    """Could some node lack what `spec` asks for? (False: the common, fast case.)"""
+    return not spec.is_global and (
+        spec.cpu is not None
+        or spec.mem is not None
+        or spec.gpu is not None
+        or bool(spec.constraints)
+    )
+
+
 def unsatisfiable(
     spec: TaskSpec, own: NodeCapacity, peers: Iterable[NodeCapacity | None]
 ) -> str | None:
@@ -79,7 +97,7 @@ def unsatisfiable(
     (alive or suspect): its capacity, or None while its report is unknown. Any
     unknown member, or any node that could host the task, answers None.
     """
-    if spec.is_global or (spec.cpu is None and spec.mem is None and spec.gpu is None):
+    if not asks_for_something(spec):
         return None
     reasons: list[str] = []
     for cap in (own, *peers):

@@ -361,35 +361,37 @@ def place(
             smp = sample_peers(view, d, rng, accept, skip=me, scan_below=len(view) + 1)
         return smp
 
-    if where.spread_key:
-        first = sample_with(
-            lambda n, e: (
-                verdict(n, e)
-                or (None if where.preferred(e.report) else f"spread: {where.spread_key} has more")
-            )
-        )
-        sample = first if first.chosen else sample_with(verdict)
-    else:
-        sample = sample_with(verdict)
-    if needs.prefer or needs.data:
-        extra = sample_with(
-            lambda n, e: (
-                verdict(n, e) or (None if _satisfies_soft(e.report, needs) else "not preferred")
-            )
-        )
-        sample = _union(sample, extra)
-
-    candidates: list[tuple[NodeId, bool, LoadReport, float, float | None, str]] = []
-    scored: list[tuple[float, NodeId]] = []
-
     local_why: str | None
     if me in exclude:
         local_why = "refused earlier"
     else:
         lr = refusal(local, needs)
         local_why = lr.text if lr is not None else where.refusal(me, local, needs)
-        if local_why is None and where.spread_key and sample.chosen and not where.preferred(local):
-            local_why = f"spread: {where.spread_key} has more"
+
+    if where.spread_key:
+        first = sample_with(
+            lambda n, e: verdict(n, e)
+            or (None if where.preferred(e.report) else f"spread: {where.spread_key} has more")
+        )
+        local_first = local_why is None and where.preferred(local)
+        if first.chosen or local_first:
+            sample = first
+            if not local_first and local_why is None:
+                local_why = f"spread: {where.spread_key} has more"
+        else:  # no eligible node has a least-used value: any eligible node
+            sample = sample_with(verdict)
+    else:
+        sample = sample_with(verdict)
+    if needs.prefer or needs.data:
+        extra = sample_with(
+            lambda n, e: verdict(n, e)
+            or (None if _satisfies_soft(e.report, needs) else "not preferred")
+        )
+        sample = _union(sample, extra)
+
+    candidates: list[tuple[NodeId, bool, LoadReport, float, float | None, str]] = []
+    scored: list[tuple[float, NodeId]] = []
+
     local_score = None if local_why is not None else needs_projected(local, needs)
     candidates.append((me, True, local, 0.0, local_score, local_why or ""))
     if local_score is not None:

@@ -105,6 +105,7 @@ class LocalOps:
     async def op_submit(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         if not self.accepting:
             raise RequestError("unavailable", "agent is shutting down; not accepting tasks")
+        wait_for_node = f.bool("wait_for_node", False)
         spec, member_of = self.queue_ops.submit_spec(f, cred, _user_name(cred.uid), self.node)
         refusal = self.identities.submit_refusal(cred.uid, spec.user)
         if refusal is not None:
@@ -113,8 +114,9 @@ class LocalOps:
         if refusal is not None:  # bad input for this user: the CLI exits 2
             raise RequestError("not_allowed", f"submit: {refusal}")
         never = self._unsatisfiable(spec)
-        if never is not None:
-            raise RequestError("unsatisfiable", f"submit: {never}")
+        if never is not None and not (wait_for_node and spec.constraints):
+            more = "; --wait-for-node queues it until one joins" if spec.constraints else ""
+            raise RequestError("unsatisfiable", f"submit: {never}{more}")
         chosen = "~" in spec.id  # a client's own id (a generated one is new by chance)
         if chosen:
             dup = await self._resubmitted(spec, cred)
@@ -130,13 +132,15 @@ class LocalOps:
         """Why no live member could ever run `spec` (policy.feasible, from the gossiped
         capacities and our own); None while one might, or while we have seeds but
         have not reached anyone yet (the members we do not know could fit it)."""
-        if spec.is_global or (spec.cpu is None and spec.mem is None and spec.gpu is None):
+        if not feasible.asks_for_something(spec):
             return None  # asks for nothing a node could lack (the common, fast case)
         ms = self.cluster.membership
         if ms is None or (self.cluster.seed_addrs and ms.num_live <= 1):
             return None
         s, view = self.coord.sample, self.coord.view
-        own = feasible.NodeCapacity(self.node, s.cpus, s.mem_total, self.coord.gpus.summary())
+        own = feasible.NodeCapacity(
+            self.node, s.cpus, s.mem_total, self.coord.gpus.summary(), self.coord.state.labels
+        )
         peers = (
             None if (e := view.get(mb.node)) is None else feasible.NodeCapacity.of(e.report)
             for mb in ms.alive_members()
@@ -317,11 +321,14 @@ class LocalOps:
             loads = ms.load_view()
             for mb in sorted(ms.members(), key=lambda x: x.node):
                 entry = loads.get(mb.node)
+                load = None if entry is None else codec.load_report_to_wire(entry.report)
+                if load is not None:
+                    load["data"] = load["data"].hex()  # the Bloom digest, as JSON can hold it
                 out.append(
                     {
                         **codec.member_to_wire(mb),
                         "self": mb.node == self.node,
-                        "load": None if entry is None else codec.load_report_to_wire(entry.report),
+                        "load": load,
                         "load_age": None if entry is None else max(0.0, now - entry.received_at),
                     }
                 )

@@ -38,7 +38,8 @@ def wait_all(a: LocalAgent, ids: list[str], timeout: float = 180) -> list[dict]:
 
 
 def test_tasks_spread_and_shares_weigh(make_agent: AgentFactory) -> None:
-    agents = cluster(make_agent, 5, "--slots", "64", per_node={1: ["--shares", "2048"]})
+    # shares default to 1024 a slot: p1 declares twice its default
+    agents = cluster(make_agent, 5, "--slots", "64", per_node={1: ["--shares", str(2 * 64 * 1024)]})
     entry = agents[1]
     with entry.client() as c:
         ids = [c.submit(["sleep", "3"], cwd="/") for _ in range(150)]
@@ -65,7 +66,7 @@ def test_drain_stops_new_work_at_once_and_explain_says_why(make_agent: AgentFact
         # a task submitted at the drained node itself goes elsewhere
         with drained.client() as d:
             own = d.submit(["true"], cwd="/")
-        big = c.submit(["true"], cwd="/", reserve_shares=5000)
+        big = c.submit(["true"], cwd="/", reserve_shares=10**6)
     tasks = wait_all(agents[0], ids)
     assert all(t["node"] != drained.name for t in tasks)
     with drained.client() as d:
@@ -82,7 +83,7 @@ def test_drain_stops_new_work_at_once_and_explain_says_why(make_agent: AgentFact
         assert st["state"] == "queued"
         ex = c.call("explain", id=big)
     text = json.dumps(ex["decisions"])
-    assert "reservation of 5000 shares fits nowhere" in text
+    assert "reservation of 1000000 shares fits nowhere" in text
     out = agents[0].cli("explain", big)
     assert out.returncode == 0 and "fits nowhere" in out.stdout
     assert "undrained" in drained.cli("undrain").stdout
