@@ -14,6 +14,7 @@ from .. import model as m
 from ..cluster import handoff as h
 from ..cluster import migrate as mx
 from ..policy import migration as pol
+from ..policy.placement import parsed
 from ..policy.view import PeerInfo, sample_peers
 from . import events as ev
 from .moves import (
@@ -120,6 +121,7 @@ class Departures:
             last_move_at=last,
             home=t.spec.home or self.node,
             gpu=t.spec.gpu,
+            constraints=parsed(t.spec.constraints),
         )
 
     def plan(

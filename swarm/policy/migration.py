@@ -32,6 +32,8 @@ import attrs
 
 from swarm.model import GpuRequest, LoadReport, MigrateMode, NodeId, TaskId
 
+from .constraints import Constraint
+from .constraints import unmet as unmet_constraints
 from .gpu import fits_summary
 
 # ------------------------------------------------------------------ inputs
@@ -52,6 +54,7 @@ class RunningTask:
     last_move_at: float | None = None  # when it last arrived somewhere by migration
     home: NodeId = ""  # node that owns its record
     gpu: GpuRequest | None = None
+    constraints: tuple[Constraint, ...] = ()  # hard: a target must satisfy them
 
 
 @attrs.frozen
@@ -350,6 +353,10 @@ def _target_problem(
         return "has no CRIU"
     if task.gpu is not None and not fits_summary(task.gpu, r.gpus):
         return "has no room for the task's GPU request"
+    if task.constraints:
+        unmet = unmet_constraints(task.constraints, dict(r.labels))
+        if unmet is not None:
+            return f"does not satisfy it: {unmet}"
     if in_flight_at >= config.max_per_node:
         return f"has {in_flight_at} migrations in flight (max {config.max_per_node})"
     return None
