@@ -11,6 +11,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
+
 from .. import testbreak
 from ..config import Config, ConfigError
 from ..crypto import Keyring, KeyringError
@@ -250,6 +252,7 @@ def driver(
     moves: Callable[[Driver], MoveHooks] | None = None,
 ) -> Driver:
     """The node's driver and state machine, their options from the config and profile."""
+    max_age = config.report_max_age or 3 * profile.membership.load_refresh_interval
     settings = Settings(
         placement_d=config.placement_d,
         placement_rule=config.placement,
@@ -259,8 +262,7 @@ def driver(
         default_shares=config.shares,
         breaks=testbreak.active(),
         sharing=config.sharing,
-        report_max_age=config.report_max_age
-        or 3 * profile.membership.load_refresh_interval,
+        report_max_age=max_age,
         data_delay=config.data_delay,
         labels=node_labels(config, gpus),
         data_digest=data_digest(config, log),
@@ -277,7 +279,7 @@ def driver(
         settings=settings,
         report_interval=config.report_interval,
         rpc_timeout=profile.rpc_timeout,
-        transfer_config=profile.transfer,
+        transfer_config=attrs.evolve(profile.transfer, max_age=max_age),
         transfer=config.transfer,
         gpu_devices=gpus.devices,
         mps=config.mps,
