@@ -168,22 +168,27 @@ def refusal(r: LoadReport, needs: Needs) -> Refusal | None:
 
 
 PREFER_TASKS = 2.0
-"""A node that misses all of a task's soft preferences (or, for a task reading data,
-does not hold it) scores as if it ran this many more weight-1 tasks: a preferred
-node wins unless it is busier by about two tasks per slot (shares are 1024 a slot)."""
+"""A node that misses all of a task's soft preferences scores as if it ran this many
+more weight-1 tasks: a preferred node wins unless it is busier by about two tasks per
+slot (shares are 1024 a slot)."""
+DATA_TASKS = 0.5
+"""What a node without a data task's data adds, once delay scheduling has given up
+waiting for a holder (before, only holders are candidates): a holder wins ties and
+near ties, but a free slot elsewhere beats a queue at a holder, as in Zaharia's
+delay scheduling."""
 
 
 def needs_projected(r: LoadReport, needs: Needs) -> float:
     """The node's load with the task, not counting work the task would preempt there
     (weight of lower priorities, from the report's bands): urgent work is not repelled
     by a node full of preemptible work. Missed soft preferences and missing data add
-    up to PREFER_TASKS tasks' worth."""
+    up to PREFER_TASKS and DATA_TASKS tasks' worth."""
     extra = 0.0
     if needs.prefer:
         missed = len(needs.prefer) - cons.matched(needs.prefer, label_map(r.labels))
         extra += PREFER_TASKS * missed / len(needs.prefer)
     if needs.data and not holds_data(r, needs):
-        extra += PREFER_TASKS
+        extra += DATA_TASKS
     return (
         projected_load(
             r.weight_sum - preemptible_weight(r, needs.priority),
