@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +241,15 @@ class ChaosAgent:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+
+def label_args(labels: Mapping[int, Mapping[str, str]]) -> dict[int, list[str]]:
+    """Node index -> its `--labels k=v,...` (per_node_args of ChaosCluster)."""
+    return {
+        i: ["--labels", ",".join(f"{k}={v}" for k, v in sorted(kv.items()))]
+        for i, kv in labels.items()
+        if kv
+    }
 
 
 def _free_port() -> int:

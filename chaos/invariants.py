@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from swarm import model as m
+from swarm.policy.constraints import Constraint, ConstraintError, parse_constraints, unmet
 
 from .journals import JournalData, SharesEvent, TransitionEvent
 
@@ -38,6 +39,9 @@ RERUN = "rerun-explained"
 PREEMPT_RECORDED = "preemption-in-record"
 PREEMPTED = "preemption-happened"
 PRIORITY = (ONE_AT_A_TIME, RECORDED, RERUN, PREEMPT_RECORDED, PREEMPTED)
+
+# checked only in scenarios whose nodes carry labels (and whose tasks constraints)
+CONSTRAINT = "constraint-respected"
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
@@ -62,6 +66,7 @@ class Acked:
     id: str
     home: str
     is_global: bool = False
+    constraints: tuple[str, ...] = ()  # as submitted
 
 
 @attrs.frozen
@@ -316,6 +321,100 @@ def check_membership(
                 )
             )
     return out
+
+
+# ------------------------------------------------------------- constraints
+
+
+@attrs.frozen
+class ConstraintOutcome:
+    violations: tuple[Violation, ...]
+    tasks: int  # tasks with constraints in some journal record
+    starts: int  # their `-> running` events in the executors' own journals
+    marks: int  # executions of those tasks judged from their marks
+
+
+def check_constraints(
+    journals: Mapping[str, JournalData],
+    labels: Mapping[str, Mapping[str, str]],
+    marks: Mapping[str, Sequence[str]],
+    acked: Iterable[Acked] = (),
+) -> ConstraintOutcome:
+    """Every execution of a task ran on a node whose labels (`labels`: the ones the
+    harness gave each node) satisfy the task's hard constraints, as its journal record
+    states them. Executions are the `-> running` moves of every record's history and of
+    every journal's transition events (the node each names), and the task's own marks
+    (the node that ran its shell). The record must also carry the constraints the
+    submission had (`acked`), so a build that drops them cannot pass by having none;
+    and some constrained execution must have been judged, or the run proves nothing."""
+    out: list[Violation] = []
+    cons: dict[str, tuple[str, ...]] = {}
+    for _, j in sorted(journals.items()):
+        for tid, t in j.tasks.items():
+            if t.spec.constraints:
+                cons.setdefault(tid, t.spec.constraints)
+    for a in acked:
+        for node, j in sorted(journals.items()):
+            rec = j.tasks.get(a.id)
+            if rec is not None and tuple(rec.spec.constraints) != tuple(a.constraints):
+                out.append(
+                    Violation(
+                        CONSTRAINT,
+                        node,
+                        f"task {a.id} was submitted with constraints {list(a.constraints)} "
+                        f"but its record here has {list(rec.spec.constraints)}",
+                    )
+                )
+        if a.constraints:
+            cons.setdefault(a.id, a.constraints)
+    # (task, node) -> where an execution there was seen
+    seen: dict[tuple[str, str], list[str]] = defaultdict(list)
+    starts = 0
+    for node, j in sorted(journals.items()):
+        for tid, t in j.tasks.items():
+            if tid not in cons:
+                continue
+            for h in t.history:
+                if h.dst is m.TaskState.RUNNING:
+                    seen[(tid, h.node)].append(f"{node}'s record")
+        for e in j.transitions:
+            if e.dst == "running" and e.task_id in cons:
+                if e.node == node:
+                    starts += 1
+                seen[(e.task_id, e.node)].append(f"{node}'s events")
+    n_marks = 0
+    for tid, nodes in marks.items():
+        if tid not in cons:
+            continue
+        for where in nodes:
+            n_marks += 1
+            seen[(tid, where)].append("its marks")
+    parsed: dict[str, tuple[Constraint, ...]] = {}
+    for tid, texts in cons.items():
+        try:
+            parsed[tid] = parse_constraints(texts)
+        except ConstraintError as e:
+            out.append(Violation(CONSTRAINT, "", f"task {tid}: constraints {list(texts)}: {e}"))
+    for (tid, where), sources in sorted(seen.items()):
+        if tid not in parsed:
+            continue
+        have = labels.get(where)
+        why = "a node the scenario does not know" if have is None else unmet(parsed[tid], have)
+        if why is None:
+            continue
+        shown = ",".join(f"{k}={v}" for k, v in sorted((have or {}).items())) or "no labels"
+        counts = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in Counter(sources).items())
+        out.append(
+            Violation(
+                CONSTRAINT,
+                where,
+                f"task {tid} {list(cons[tid])} ran on {where or '(no node)'} ({shown}): "
+                f"{why}; seen in {counts}",
+            )
+        )
+    if not seen:
+        out.append(Violation(CONSTRAINT, "", "no execution of a task with constraints to judge"))
+    return ConstraintOutcome(tuple(out), len(cons), starts, n_marks)
 
 
 # ------------------------------------------------------------- preemption

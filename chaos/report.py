@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .invariants import ALL, ENCRYPTED, PRIORITY
+from .invariants import ALL, CONSTRAINT, ENCRYPTED, PRIORITY
 from .scenario import ScenarioResult
 
 BEGIN = "<!-- chaos-report:begin -->"
@@ -53,7 +53,7 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
     lines += [
         "",
         f"Invariants checked: {checked}; `{ENCRYPTED}` in keyed scenarios; {prio} in the "
-        "priority scenario.",
+        f"priority scenario; `{CONSTRAINT}` in the labelled one.",
         "",
     ]
     for r in results:

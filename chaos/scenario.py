@@ -20,9 +20,9 @@ from swarm.client import ClientError
 
 from . import faults as fl
 from . import invariants as inv
-from .cluster import ChaosCluster
+from .cluster import ChaosCluster, label_args
 from .journals import JournalData, JournalMissing, read_journal
-from .schedule import FaultPlan, Plan, Scenario, make_plan
+from .schedule import FaultPlan, Plan, Scenario, make_plan, node_labels
 from .workload import Workload, read_executions, read_marks
 
 TMPFS_MB = 24
@@ -169,6 +169,7 @@ class Runner:
             run_id=self.run_id,
             mode=self.mode,
             args=["--slots", str(sc.slots)],
+            per_node_args=label_args(node_labels(sc)),
             env=self.env,
             shim=sc.shim,
             tmpfs_nodes=tmpfs,
@@ -431,6 +432,15 @@ class Runner:
             )
         if self.sc.priorities:
             violations += self._priority_checks(cl, journals, specs)
+        if self.sc.labels:
+            labels = {f"n{i}": kv for i, kv in node_labels(self.sc).items()}
+            co = inv.check_constraints(journals, labels, marks, acked)
+            violations += co.violations
+            res.notes.append(
+                f"constraints: {co.tasks} tasks with constraints; their executions judged "
+                f"against the labels each node was given: {co.starts} starts in the "
+                f"executors' journals (and the homes' records), {co.marks} from their marks"
+            )
         # figures
         res.attempted = self.wl.attempted
         res.acked = len(acked)

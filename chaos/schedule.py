@@ -39,6 +39,9 @@ class Scenario:
     # `high` ones (high_seconds) come a little later and preempt them; `bursts` = waves
     priorities: bool = False
     high_seconds: tuple[float, float] = (0.3, 1.5)
+    # node i gets `--labels rack=r{i%3+1},pool=a|b` (a when i is odd) and most tasks
+    # hard constraints over them (CONSTRAINT_MENU)
+    labels: bool = False
     description: str = ""
 
 
@@ -67,6 +70,7 @@ class SubmitPlan:
     weight: float | None = None
     reserve: int = 0
     priority: str | None = None  # a priority class name (`swarm submit --priority`)
+    constraints: tuple[str, ...] = ()  # hard constraints (`swarm submit --constraint`)
 
 
 @attrs.frozen
@@ -181,6 +185,42 @@ def priority_workload(sc: Scenario, rng: random.Random) -> list[SubmitPlan]:
     return out
 
 
+# What a labelled scenario's tasks ask for (one set each); with 6 nodes every set is met
+# by 2-4 of them, so a kill or a cut can leave a task only one node or none for a while.
+CONSTRAINT_MENU: tuple[tuple[str, ...], ...] = (
+    ("pool=a",),
+    ("pool!=a",),
+    ("rack in r1,r2",),
+    ("rack!=r3",),
+    ("rack notin r1",),
+    ("rack=r2",),
+    ("pool=b", "rack in r2,r3"),
+    ("rack~^r[13]$",),
+    ("pool==a", "rack!=r1"),
+)
+CONSTRAINED_SHARE = 0.8  # of the ordinary tasks
+
+
+def node_labels(sc: Scenario) -> dict[int, dict[str, str]]:
+    """Node index -> the labels the harness gives it (none unless `sc.labels`)."""
+    if not sc.labels:
+        return {}
+    return {
+        i: {"rack": f"r{i % 3 + 1}", "pool": "a" if i % 2 else "b"} for i in range(1, sc.nodes + 1)
+    }
+
+
+def constrain(submits: Sequence[SubmitPlan], rng: random.Random) -> list[SubmitPlan]:
+    """Most ordinary tasks get a constraint set from CONSTRAINT_MENU (global tasks take
+    none: a global task runs everywhere)."""
+    out = []
+    for sp in submits:
+        if sp.kind != "global" and rng.random() < CONSTRAINED_SHARE:
+            sp = attrs.evolve(sp, constraints=rng.choice(CONSTRAINT_MENU))
+        out.append(sp)
+    return out
+
+
 def canary_burst(sc: Scenario) -> tuple[list[SubmitPlan], list[DrainPlan]]:
     """The other nodes drained first, so that a burst at node 1 of long-ish tasks and of
     reserving tasks that cannot all run at once stays in node 1's run queue; then node 1
@@ -207,6 +247,8 @@ def make_plan(sc: Scenario, seed: int, available: Sequence[str] | None = None) -
     faults.sort(key=lambda f: f.start)
     submits = priority_workload(sc, rng) if sc.priorities else workload(sc, rng)
     drain_plan = drains(sc, rng)
+    if sc.labels:
+        submits = constrain(submits, rng)
     if sc.canary:
         burst, drain_plan = canary_burst(sc)
         submits = sorted([*submits, *burst], key=lambda s: s.at)

@@ -63,6 +63,12 @@ FULL: tuple[Scenario, ...] = (
           hold=(3.0, 7.0),
           description="two priority classes: waves of low tasks fill every slot, high "
           "ones preempt them, under kill -9 and cuts (isolate, split)"),
+    # after `priority-preempt`: appended, so that the seeds of the scenarios above stay
+    _full("constrained", nodes=6, labels=True, faults=("kill", "pause"),
+          faults2=("isolate", "split"), hold=(3.0, 7.0),
+          description="labelled nodes (rack r1-r3, pool a/b), most tasks with hard "
+          "constraints over them (=, !=, in, notin, ~, two at once), under kill -9, "
+          "freezes and cuts (isolate, split)"),
 )  # fmt: skip
 
 SMOKE: tuple[Scenario, ...] = (

@@ -2,8 +2,8 @@
 through each agent's Unix socket exactly as `swarm submit` / `swarm drain` do.
 
 The one piece of harness bookkeeping the checks take from here is `acked`: the tasks
-whose submit returned an id (and at which node). Everything else is read back from the
-agents afterwards.
+whose submit returned an id (at which node, with which constraints). Everything else
+is read back from the agents afterwards.
 """
 
 from __future__ import annotations
@@ -142,6 +142,8 @@ class Workload:
             extra["is_global"] = True
         if sp.priority is not None:
             extra["priority"] = sp.priority
+        if sp.constraints:
+            extra["constraints"] = list(sp.constraints)
         with self._lock:
             self.attempted += 1
         try:
@@ -165,7 +167,7 @@ class Workload:
                 self.log(f"submit to {a.name}: {type(e).__name__}: {e}")
             return
         with self._lock:
-            self.acked.append(Acked(tid, a.name, sp.kind == "global"))
+            self.acked.append(Acked(tid, a.name, sp.kind == "global", sp.constraints))
             self.kinds[sp.kind] += 1
 
     def _refuse(self, why: str) -> None:
