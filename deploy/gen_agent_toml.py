@@ -24,10 +24,19 @@ EXAMPLES: dict[str, Any] = {
     "socket": "/run/swarm/swarm.sock",
     "socket-group": "swarm",
     "slots": 8,
+    "shares": 8192,  # 1024 per slot, as the default for the 8 slots above
+    "report-max-age": 15.0,
     "advertise": "10.0.0.5",
     "keyring": "/etc/swarm/keyring",
     "faults": "drop=0.1,seed=1",
     "metrics": "127.0.0.1:9464",
+}
+
+# Values to show for list options whose default is empty (TOML text, as written).
+SHOWN: dict[str, str] = {
+    "labels": '{ rack = "r1", zone = "eu-1" }',
+    "data-keys": '["imagenet"]',
+    "data-dirs": '["/data"]',
 }
 
 # Extra comment lines shown under an option's help (what the one-line help cannot say).
@@ -42,6 +51,18 @@ NOTES: dict[str, list[str]] = {
         "victim goes back to this node's queue as a retry (docs/policy.md)",
     ],
     "preempt-per-minute": ["0 = never preempt (as preempt = false)"],
+    "labels": [
+        "discovered at start-up: arch, os, os.id, os.version, kernel, hostname, cpus,",
+        "mem and, with GPUs, gpu.count and gpu.model; a label set here overrides one",
+        "discovered; at most 24 labels and 384 characters in all (`swarm nodes --labels`)",
+    ],
+    "data-dirs": [
+        "each entry directly inside (not recursive, no dotfiles) counts as two keys, its",
+        "name and its absolute path; read at start-up; with data-keys, at most 48 keys",
+    ],
+    "report-max-age": [
+        "transfer does not probe such peers either; migration has its own bound (30 s on lan)"
+    ],
     "fair-share-half-life": [
         "usage (slot-, cpu-, mem- and gpu-seconds of running tasks, as requested) halves",
         "every this long; HTCondor's default is a day",
@@ -128,7 +149,9 @@ def block(opt: Option) -> list[str]:
         return lines
     if opt.name in TABLES:
         return lines + TABLES[opt.name]
-    if opt.default is None:
+    if opt.name in SHOWN:
+        lines.append(f"#{opt.name} = {SHOWN[opt.name]}   # default: none")
+    elif opt.default is None:
         example = EXAMPLES.get(opt.name, placeholder(opt))
         lines.append(f"#{opt.name} = {toml_value(example)}   # default: unset")
     else:
