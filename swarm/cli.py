@@ -721,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="EXPR",
         help="hard: only nodes whose labels satisfy EXPR, e.g. arch=x86_64,"
-        " 'gpu.model~H100|H200', 'mem>=64G', 'rack in r1,r2', '!gpu' (repeatable)",
+        " 'gpu.model~H100|H200', 'mem>=64G', 'rack in r1,r2', '!gpu.count' (repeatable)",
     )
     wh.add_argument(
         "--prefer", action="append", metavar="EXPR", help="soft: favour such nodes (repeatable)"

@@ -247,7 +247,7 @@ class Placing:
                     del self.jobs[tid]
                     return out
                 job.retry = job.retry.on_refusal(self.node, now, RETRY, self.rng)
-                if self._cwd_nowhere(tid, job, self.node, adm.reason):
+                if self._cwd_nowhere(tid, job, self.node, adm.reason, wall):
                     return out + self._fail_no_cwd(t, job, wall)
                 continue
             why, instrs = self.offer(tid, p.target, now, wall)
@@ -258,7 +258,7 @@ class Placing:
             rec["outcome"] = f"{p.target} refused: {why}"
             out.append(self.explain(tid, rec, wall))
             job.retry = job.retry.on_refusal(p.target, now, RETRY, self.rng)
-            if self._cwd_nowhere(tid, job, p.target, why):
+            if self._cwd_nowhere(tid, job, p.target, why, wall):
                 return out + self._fail_no_cwd(t, job, wall)
 
     def _data_wait(
@@ -314,17 +314,31 @@ class Placing:
             assert p.target is not None
             job.retry = job.retry.on_refusal(p.target, now, RETRY, self.rng)
             t = self.records.active.get(tid)
-            if t is not None and self._cwd_nowhere(tid, job, p.target, reason):
+            if t is not None and self._cwd_nowhere(tid, job, p.target, reason, wall):
                 return out + self._fail_no_cwd(t, job, wall)
         return out + self.step(tid, now, wall)
 
-    def _cwd_nowhere(self, tid: m.TaskId, job: Job, node: m.NodeId, reason: str) -> bool:
-        """Note a refusal for a missing working directory; True once this node and every
-        peer in the view have refused the task for it."""
+    def _cwd_nowhere(
+        self, tid: m.TaskId, job: Job, node: m.NodeId, reason: str, wall: float
+    ) -> bool:
+        """Note a refusal for a missing working directory; True once every node that
+        could take the task otherwise (its constraints hold there and it is not
+        drained: this one and every peer in the view) has refused it for that."""
         if not reason.startswith(NO_CWD):
             return False
         job.no_cwd.add(node)
-        return self.node in job.no_cwd and all(n in job.no_cwd for n in self.view)
+        t = self.records.active.get(tid)
+        if t is None:
+            return False
+        needs = pl.Needs.of(t.spec)
+
+        def could(r: m.LoadReport) -> bool:
+            why = pl.refusal(r, needs)
+            return why is None or why.code not in ("constraint", "drained")
+
+        reports = [e.report for n, e in self.view.items() if n != self.node]
+        reports.append(self.local_report(wall))
+        return all(r.node in job.no_cwd for r in reports if could(r))
 
     def _fail_no_cwd(self, t: m.Task, job: Job, wall: float) -> list[ev.Instruction]:
         del self.jobs[t.id]

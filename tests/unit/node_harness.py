@@ -148,7 +148,10 @@ class FakeNet:
         reply: h.Reply | None = None
         if not lose and s.dest not in self.dead and s.dest in self.nodes:
             dest = self.nodes[s.dest]
-            reply, instrs = dest.state.on_request(src, s.request, now, wall)
+            # as the driver does: an offer is admitted on the target's fresh state
+            r = s.request
+            refusal = dest.state.admission_refusal(r.spec) if isinstance(r, h.Offer) else None
+            reply, instrs = dest.state.on_request(src, r, now, wall, refusal=refusal)
             dest.run(instrs)
         node.run(node.state.on_reply(s.dest, s.request, reply, now, wall))
         return True

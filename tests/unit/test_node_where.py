@@ -152,3 +152,23 @@ def test_a_peer_whose_report_is_too_old_is_not_a_candidate() -> None:
     assert "s1" in a.queue
     by = {c["node"]: c["why_not"] for c in a.state.explains["s1"][-1]["candidates"]}
     assert by["B"].startswith("report too old (age 20.0 s > 15 s)")
+
+
+def test_a_constrained_task_whose_directory_no_eligible_node_has_fails_too() -> None:
+    """Nodes its constraints rule out are never asked, so they never refuse it: the
+    matching ones' refusals are enough to fail it."""
+    a, b, c = _node("A", {"pool": "x"}), _node("B", {"pool": "x"}), _node("C", {"pool": "y"})
+    net = FakeNet(a, b, c)
+    for n in (a, b):
+        n.state.admission_hook = lambda s, n=n: (
+            f"working directory {s.cwd} does not exist on node {n.name}"
+        )
+    _gossip(a, b, c)
+    a.submit(m.TaskSpec(id="c3", argv=("x",), cwd="/nowhere", constraints=("pool=x",)))
+    a.run(a.state.place("c3", 0.0, 0.0))
+    for _ in range(10):
+        if not net.deliver("A"):
+            a.run(a.state.wake(100.0, 100.0))
+    t = a.state.records.get_cached("c3")
+    assert t is not None and t.state is S.FAILED, t
+    assert "does not exist on any node" in t.reason
