@@ -295,6 +295,8 @@ def _labels(obj: list[Any]) -> tuple[tuple[str, str], ...]:
     for x in obj:
         if not isinstance(x, list | tuple) or len(x) != 2:
             raise SchemaError(f"load report: labels: expected [key, value], got {x!r:.60}")
+        if not isinstance(x[0], str):
+            raise SchemaError(f"load report: labels: key {x[0]!r:.40}: a key {KEY_RULE}")
         pairs.append((x[0], x[1]))
     try:
         labels = check_labels(dict(pairs), "load report: labels")

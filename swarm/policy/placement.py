@@ -373,24 +373,29 @@ def place(
         lr = refusal(local, needs)
         local_why = lr.text if lr is not None else where.refusal(me, local, needs)
 
-    if where.spread_key:
-        first = sample_with(
-            lambda n, e: verdict(n, e)
-            or (None if where.preferred(e.report) else f"spread: {where.spread_key} has more")
+    def spread_verdict(node: NodeId, entry: PeerInfo) -> str | None:
+        return verdict(node, entry) or (
+            None if where.preferred(entry.report) else f"spread: {where.spread_key} has more"
         )
+
+    accept: Verdict = verdict
+    if where.spread_key:
+        first = sample_with(spread_verdict)
         local_first = local_why is None and where.preferred(local)
         if first.chosen or local_first:
-            sample = first
+            accept = spread_verdict  # the spread's first round holds for every draw
             if not local_first and local_why is None:
                 local_why = f"spread: {where.spread_key} has more"
         else:  # no eligible node has a least-used value: any eligible node
-            sample = sample_with(verdict)
+            first = sample_with(verdict)
+        sample = first
     else:
         sample = sample_with(verdict)
     if needs.prefer or needs.data:
         extra = sample_with(
-            lambda n, e: verdict(n, e)
-            or (None if _satisfies_soft(e.report, needs) else "not preferred")
+            lambda n, e: (
+                accept(n, e) or (None if _satisfies_soft(e.report, needs) else "not preferred")
+            )
         )
         sample = _union(sample, extra)
 

@@ -216,12 +216,8 @@ def test_place_never_chooses_a_non_matching_node_and_never_misses_a_matching_one
     if ok and (needs.constraints or where != NOWHERE or len(v) <= scan_below):
         assert p.target is not None, p.summary
     # a spread goes to a least-used value whenever an eligible node (peer or local) has
-    # one (prefer's extra draws ignore the spread: see the xfail below)
-    if (
-        spread_key
-        and not soft
-        and any(dict(reports[k].labels).get("rack") in spread_to for k in ok)
-    ):
+    # one, soft preferences or not
+    if spread_key and any(dict(reports[k].labels).get("rack") in spread_to for k in ok):
         assert p.target is not None
         assert dict(reports[p.target].labels).get("rack") in spread_to, p.summary
 
@@ -281,12 +277,6 @@ def test_spread_fallback_treats_the_local_node_like_any_peer() -> None:
     assert targets(spec(job="j"), rep("me", {"rack": "r1"}), v, where) == {"me"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="placement.py: prefer's (and data's) extra draws use the plain verdict, without "
-    "the spread round, and are unioned into the sample: a preferred node on a used rack "
-    "beats an eligible node on the least-used rack, so the spread is lost",
-)
 def test_spread_holds_when_the_task_also_has_soft_preferences() -> None:
     where = Where(spread_key="rack", spread_to=frozenset({"r2"}))
     v = view_of(rep("a0", {"rack": "r2"}), rep("b0", {"rack": "r1", "ssd": "yes"}))
@@ -425,13 +415,6 @@ def test_an_unhashable_label_key_is_a_schema_error_on_the_gossip_path() -> None:
         load_from_compact(compact)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="codec._labels builds dict(pairs) before checking the key's type, so an "
-    "unhashable key ([['k'], 'v']) raises TypeError from load_report_from_wire; the "
-    "codec promises only WireError (callers wrap it in wire.decode_with today)",
-)
 def test_an_unhashable_label_key_is_a_schema_error_in_the_codec() -> None:
     full = codec.load_report_to_wire(rep("n1"))
     full["labels"] = [[["k"], "v"]]
