@@ -20,8 +20,14 @@ Nodes have 2048, 1024 or 512 shares and slots in proportion (8 per 1024 shares),
 the share-weighted split is also the fastest one. Prints a table and writes
 bench/results/placement.json.
 
+`--sizes hetero` (issue 21): nodes of different sizes (16, 16, 8, 8, 4, 4, 2, 2 slots)
+and no --shares at all, so every node takes the default of 1024 shares per slot; the
+ideal is then work in proportion to slots (the size-weighted ideal), and the bench
+prints each node's work next to it. Writes bench/results/placement_hetero.json.
+
 Targets (issue 4): balance at least 3x closer to ideal than random (CV ratio),
->= 500 tasks/s placed cluster-wide.
+>= 500 tasks/s placed cluster-wide. Issue 21: the same 3x with default shares on
+nodes of different sizes.
 """
 
 from __future__ import annotations
@@ -48,34 +54,81 @@ from swarm.localcluster import LocalAgent
 HERE = Path(__file__).resolve().parent
 SHARES = [2048, 2048, 1024, 1024, 1024, 1024, 512, 512]
 SLOTS_PER_1024 = 8  # slots follow shares, so the share-weighted split is also the fastest
+# issue 21: nodes of different sizes with default shares (1024 per slot, unset here)
+HETERO_SLOTS = [16, 16, 8, 8, 4, 4, 2, 2]
+RULES = {
+    # name: (--placement, transfer on)
+    "two-choice": ("two-choice", True),
+    "two-choice-no-transfer": ("two-choice", False),
+    "random": ("random", False),
+}
 # memberlist's LAN timers, as deployed: with the 5x faster `local` profile, agents starved
 # of CPU by this very benchmark answer probes late and get falsely declared dead
 BASE = ["--insecure", "--no-mdns", "--bind", "127.0.0.1", "--port", "0", "--profile", "lan"]
 
 
-def start_cluster(root: Path, rule: str, slots: int) -> list[LocalAgent]:
-    """swarm: two choices + adaptive transfer; the baseline: random placement, no transfer."""
-    transfer = "--transfer" if rule == "two-choice" else "--no-transfer"
-    args = [*BASE, "--log-level", "warning", "--placement", rule, transfer]
+def node_sizes(sizes: str, slots: int, hetero_slots: list[int]) -> list[tuple[int | None, int]]:
+    """(shares or None for the default, slots) per node.
+
+    `shares`: the issue 4 cluster, shares set and slots in proportion (`slots` per 1024
+    shares). `hetero`: `hetero_slots` and no --shares, so each node has the default
+    1024 shares per slot (issue 21)."""
+    if sizes == "hetero":
+        return [(None, s) for s in hetero_slots]
+    return [(sh, max(1, slots * sh // 1024)) for sh in SHARES]
+
+
+def ideal_weights(sizes: list[tuple[int | None, int]]) -> list[float]:
+    """What the ideal split is proportional to: the shares set, else the slots (the
+    default shares are 1024 per slot, so that is the same thing)."""
+    return [float(sh if sh is not None else s) for sh, s in sizes]
+
+
+def start_cluster(root: Path, rule: str, sizes: list[tuple[int | None, int]]) -> list[LocalAgent]:
+    """swarm: two choices + adaptive transfer; the baseline: random placement, no transfer
+    (`two-choice-no-transfer`: two choices alone, to tell the two apart)."""
+    placement, transfer_on = RULES[rule]
+    transfer = "--transfer" if transfer_on else "--no-transfer"
+    args = [*BASE, "--log-level", "warning", "--placement", placement, transfer]
+    prefix = rule[:3] if transfer_on or placement == "random" else "twn"
 
     def node_args(i: int) -> list[str]:
-        n_slots = max(1, slots * SHARES[i] // 1024)
-        return [*args, "--shares", str(SHARES[i]), "--slots", str(n_slots)]
+        shares, n_slots = sizes[i]
+        own = ["--slots", str(n_slots)]
+        if shares is not None:
+            own = ["--shares", str(shares), *own]
+        return [*args, *own]
 
-    first = LocalAgent(root, f"{rule[:3]}1", node_args(0)).start()
+    first = LocalAgent(root, f"{prefix}1", node_args(0)).start()
     seed = f"127.0.0.1:{first.port}"
     agents = [first]
-    for i in range(1, len(SHARES)):
-        a = LocalAgent(root, f"{rule[:3]}{i + 1}", [*node_args(i), "--seeds", seed])
+    for i in range(1, len(sizes)):
+        a = LocalAgent(root, f"{prefix}{i + 1}", [*node_args(i), "--seeds", seed])
         agents.append(a.start())
     deadline = time.monotonic() + 60
     with first.client() as c:
         while time.monotonic() < deadline:
             nodes = c.call("nodes")["nodes"]
-            if sum(1 for n in nodes if n["state"] == "alive" and n["load"]) == len(SHARES):
+            if sum(1 for n in nodes if n["state"] == "alive" and n["load"]) == len(sizes):
                 return agents
             time.sleep(0.2)
     raise SystemExit("cluster did not converge")
+
+
+def check_shares(agents: list[LocalAgent], sizes: list[tuple[int | None, int]]) -> list[int]:
+    """The shares each agent reports (the defaults where none was set), checked against
+    1024 per slot for nodes given none: a bench of default shares must run with them."""
+    with agents[0].client() as c:
+        nodes = {n["node"]: n for n in c.call("nodes")["nodes"]}
+    out = []
+    for a, (sh, s) in zip(agents, sizes, strict=True):
+        load = nodes.get(a.name, {}).get("load") or {}
+        got = int(load.get("shares", -1))
+        want = sh if sh is not None else 1024 * s
+        if got != want:
+            raise SystemExit(f"{a.name}: reports {got} shares, expected {want} ({s} slots)")
+        out.append(got)
+    return out
 
 
 def submit_all(
@@ -153,7 +206,12 @@ def first_placement(explained: dict[str, Any]) -> float | None:
 
 
 def analyse(
-    agents: list[LocalAgent], res: dict[str, Any], t0: float, submit_end: float, n: int
+    agents: list[LocalAgent],
+    res: dict[str, Any],
+    t0: float,
+    submit_end: float,
+    n: int,
+    weights: list[float],
 ) -> dict[str, Any]:
     recs = res["records"]
     ok = sum(1 for r in recs if r["state"] == "succeeded")
@@ -172,8 +230,9 @@ def analyse(
                 break
             last = hh["at"]
         decided.append(last)
-    total_shares = sum(SHARES)
-    rel = [count[nm] / (n * s / total_shares) for nm, s in zip(names, SHARES, strict=True)]
+    total = sum(weights)
+    ideal = {nm: n * w / total for nm, w in zip(names, weights, strict=True)}
+    rel = [count[nm] / ideal[nm] for nm in names]
     cv = statistics.pstdev(rel) / statistics.mean(rel)
     # a steal is carried out as a push by the node stolen from: pushes count both
     transfers = sum(i["coordinator"]["transfers_pushed"] for i in res["infos"])
@@ -198,43 +257,104 @@ def analyse(
         "start_p99_ms": 1000 * _pct(lat, 0.99),
         "cv_vs_ideal": cv,
         "per_node": count,
+        "ideal_per_node": {nm: round(v, 1) for nm, v in ideal.items()},
+        "per_node_vs_ideal": {nm: round(r, 3) for nm, r in zip(names, rel, strict=True)},
         "transfers_per_task": transfers / n,
         "agent_cpu_ms_per_task": 1000 * (res["cpu_done"] - res["cpu_start"]) / n,
     }
 
 
-def run(root: Path, rule: str, spread: bool, n: int, slots: int, argv: list[str]) -> dict[str, Any]:
-    agents = start_cluster(root / f"{rule}-{'all' if spread else 'one'}", rule, slots)
+def run(
+    root: Path,
+    rule: str,
+    spread: bool,
+    n: int,
+    sizes: list[tuple[int | None, int]],
+    argv: list[str],
+) -> dict[str, Any]:
+    agents = start_cluster(root / f"{rule}-{'all' if spread else 'one'}", rule, sizes)
     try:
+        shares = check_shares(agents, sizes)
         cpu_start = agent_cpu_s(agents)
         ids, t0 = submit_all(agents, n, spread, argv)
         submit_end = time.time()
         res = collect(agents, ids, spread)
         res["cpu_start"] = cpu_start
-        return analyse(agents, res, t0, submit_end, n)
+        out = analyse(agents, res, t0, submit_end, n, ideal_weights(sizes))
+        out["nodes"] = {
+            a.name: {"slots": s, "shares": sh}
+            for a, (_, s), sh in zip(agents, sizes, shares, strict=True)
+        }
+        return out
     finally:
         for a in agents:
             a.stop()
 
 
+def print_per_node(r: dict[str, Any]) -> None:
+    """Each node's slots, work and ideal work, one line per node."""
+    for name, node in r["nodes"].items():
+        print(
+            f"    {name}: {node['slots']:>3} slots {node['shares']:>6} shares  "
+            f"ran {r['per_node'].get(name, 0):>5}  ideal {r['ideal_per_node'][name]:>7.1f}  "
+            f"x{r['per_node_vs_ideal'][name]:.2f}",
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tasks", type=int, default=5000)
-    ap.add_argument("--slots", type=int, default=SLOTS_PER_1024, help="slots per 1024 shares")
+    ap.add_argument(
+        "--sizes",
+        choices=("shares", "hetero"),
+        default="shares",
+        help="shares: shares set, slots in proportion (issue 4); hetero: nodes of "
+        "different slot counts and default shares, size-weighted ideal (issue 21)",
+    )
+    ap.add_argument("--tasks", type=int, help="default 5000 (shares), 2000 (hetero)")
+    ap.add_argument(
+        "--slots", type=int, default=SLOTS_PER_1024, help="slots per 1024 shares (shares)"
+    )
+    ap.add_argument(
+        "--node-slots",
+        default=",".join(map(str, HETERO_SLOTS)),
+        help="slots of each node (hetero)",
+    )
     ap.add_argument("--task", default="sleep 0.5", help="the short task's command")
-    ap.add_argument("--out", default=str(HERE / "results" / "placement.json"))
+    ap.add_argument(
+        "--entry",
+        choices=("one-node", "all-nodes", "both"),
+        default="both",
+        help="where tasks are submitted",
+    )
+    ap.add_argument(
+        "--rules",
+        default="two-choice,random",
+        help=f"comma-separated, of {', '.join(RULES)}; the summary compares two-choice with random",
+    )
+    ap.add_argument("--out", help="default bench/results/placement[_hetero].json")
     args = ap.parse_args()
+    hetero = args.sizes == "hetero"
+    n_tasks = args.tasks if args.tasks is not None else (2000 if hetero else 5000)
+    sizes = node_sizes(args.sizes, args.slots, [int(x) for x in args.node_slots.split(",")])
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    for r in rules:
+        if r not in RULES:
+            ap.error(f"--rules: unknown rule {r!r}")
+    spreads = {"one-node": (False,), "all-nodes": (True,), "both": (False, True)}[args.entry]
+    out_default = "placement_hetero.json" if hetero else "placement.json"
+    args.out = args.out or str(HERE / "results" / out_default)
     argv = args.task.split()
     results: dict[str, Any] = {}
     # All runs' files stay until the end: deleting one run's ~20,000 files before the
     # next run would slow the next run's file creation on a journal-less ext4 (such as
     # this project's VMs), which skips recently deleted inodes one by one for 1-5 min.
     with tempfile.TemporaryDirectory(prefix="swp-") as tmp:
-        for spread in (False, True):
-            for rule in ("two-choice", "random"):
+        for spread in spreads:
+            for rule in rules:
                 key = f"{rule}/{'all-nodes' if spread else 'one-node'}"
-                print(f"running {key} ({args.tasks} tasks)...", flush=True)
-                results[key] = run(Path(tmp), rule, spread, args.tasks, args.slots, argv)
+                print(f"running {key} ({n_tasks} tasks)...", flush=True)
+                results[key] = run(Path(tmp), rule, spread, n_tasks, sizes, argv)
                 r = results[key]
                 print(
                     f"  placed {r['placed_per_s']:.0f}/s (p50 {r['place_p50_ms']:.0f} ms "
@@ -247,19 +367,38 @@ def main() -> None:
                     f"ok {r['succeeded']}/{r['tasks']}",
                     flush=True,
                 )
-    summary = {}
-    for mode in ("one-node", "all-nodes"):
-        two, rnd = results[f"two-choice/{mode}"], results[f"random/{mode}"]
+                if hetero:
+                    print_per_node(r)
+    summary: dict[str, Any] = {}
+    for spread in spreads:
+        mode = "all-nodes" if spread else "one-node"
+        two, rnd = results.get(f"two-choice/{mode}"), results.get(f"random/{mode}")
+        if two is None or rnd is None:
+            continue
         summary[mode] = {
             "balance_gain_vs_random": rnd["cv_vs_ideal"] / max(two["cv_vs_ideal"], 1e-9),
+            "cv_two_choice": two["cv_vs_ideal"],
+            "cv_random": rnd["cv_vs_ideal"],
             "placed_per_s": two["placed_per_s"],
         }
     results["summary"] = summary
+    results["config"] = {
+        "sizes": args.sizes,
+        "nodes": [{"shares": sh, "slots": s} for sh, s in sizes],
+        "ideal": "slots (default shares)" if hetero else "shares",
+        "tasks": n_tasks,
+        "task": args.task,
+        "rules": rules,
+    }
     results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
     results["targets"] = {
         f"{mode}: balance >= 3x random": s["balance_gain_vs_random"] >= 3
         for mode, s in summary.items()
-    } | {f"{mode}: >= 500 placed/s": s["placed_per_s"] >= 500 for mode, s in summary.items()}
+    }
+    if not hetero:
+        results["targets"] |= {
+            f"{mode}: >= 500 placed/s": s["placed_per_s"] >= 500 for mode, s in summary.items()
+        }
     print(json.dumps(results["summary"], indent=2))
     for k, v in results["targets"].items():
         print(f"target {k}: {'met' if v else 'NOT met'}")
