@@ -225,7 +225,9 @@ class Placing:
             if job.first is not None:
                 p, job.first = job.first, None
             else:
-                p = self.choose(t.spec, now, wall, job.retry.exclude)
+                # nodes that refused for its working directory stay excluded across
+                # rounds, so the rest (even the least attractive) are asked in turn
+                p = self.choose(t.spec, now, wall, job.retry.exclude | frozenset(job.no_cwd))
             self.counters["placements"] += 1
             wait = self._data_wait(t.spec, p, now, wall)
             if wait is not None:

@@ -409,7 +409,7 @@ def test_a_working_directory_on_one_node_only(where: Where) -> None:
     with entry.client() as c:
         here = c.submit(["pwd"], cwd=only)
         anyw = c.submit(["pwd"], cwd=nowhere, cwd_any=True)
-        # generous: reaching w3 takes a few placement rounds (see the xfail below)
+        # generous: nodes are asked in turn (those that refused stay excluded)
         t_here = c.wait(here, timeout=90)
         t_any = c.wait(anyw, timeout=30)
         out_here = b"".join(c.logs(here)).decode()
@@ -426,15 +426,6 @@ def test_a_working_directory_on_one_node_only(where: Where) -> None:
     print(f"cwd on w3 only: ran on w3 after {len(refused)} refusal(s), {took:.1f}s for both")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in swarm/node/placing.py: refusals for a missing cwd are forgotten every"
-    " 3 refusals (PlacementRetry.on_refusal -> on_no_target resets `refused`), and two"
-    " choices never pick w2 (4 slots: the highest projected load on an idle cluster) while"
-    " two nodes that look less loaded are not excluded; so w2 is never asked,"
-    " Placing._cwd_nowhere never sees every node refuse, and both tasks stay queued at"
-    " their home for ever (retried with back-off up to 10 s)",
-)
 def test_a_working_directory_is_looked_for_on_every_node(where: Where) -> None:
     """A cwd that exists nowhere fails, saying so, within a bound; one that exists only
     on w2, the smallest node (the last choice of every placement), runs there."""
