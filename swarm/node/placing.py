@@ -236,6 +236,8 @@ class Placing:
                 out.append(self.explain(tid, rec, wall))
                 job.retry = attrs.evolve(job.retry, not_before=wait[0])
                 continue
+            if p.target is None and job.no_cwd and self._cwd_nowhere(tid, job, "", NO_CWD, wall):
+                return out + self._fail_no_cwd(t, job, wall)
             if p.target is None:
                 rec = p.explain()
                 rec["outcome"] = "waiting: " + p.summary
@@ -328,7 +330,8 @@ class Placing:
         drained: this one and every peer in the view) has refused it for that."""
         if not reason.startswith(NO_CWD):
             return False
-        job.no_cwd.add(node)
+        if node:
+            job.no_cwd.add(node)
         t = self.records.active.get(tid)
         if t is None:
             return False
