@@ -825,8 +825,8 @@ def build_parser() -> argparse.ArgumentParser:
     sm = add(
         "sim",
         cmd_sim,
-        "run a simulator experiment: balls, staleness, load, transfer, shares, flex, fairness"
-        " or all",
+        "run a simulator experiment: balls, staleness, load, transfer, shares, flex, fairness,"
+        " constraints, locality or all",
     )
     sm.add_argument("experiment", metavar="NAME")
     sm.add_argument("--nodes", type=int, help="cluster size (each experiment has a default)")

@@ -1,4 +1,4 @@
-"""The seven experiments of `swarm sim NAME`: each runs, plots and explains itself.
+"""The experiments of `swarm sim NAME`: each runs, plots and explains itself.
 
 Every experiment returns a `report.Outcome` (tables, figures, prose with the figures it
 measured, and the checks the issue asks for) and writes NAME.csv, NAME.png and NAME.md
@@ -21,8 +21,8 @@ from swarm.policy import migration as mig
 from swarm.policy.transfer import TransferConfig
 
 from . import balls as balls_mod
+from . import constraintsim, localitysim, plots
 from . import fairsim as fs
-from . import plots
 from .calibrate import measure_load_age
 from .engine import (
     FRONTEND,
@@ -1580,6 +1580,22 @@ cluster that large should set quota-lag near its report age (`swarm nodes`).
     )
 
 
+# ------------------------------------------------------------------ 8, 9. where (issue 21)
+
+
+@_timed
+def constraints(p: Params) -> Outcome:
+    """Constrained two-choice on stale gossip vs constrained JSQ vs blind probing, as the
+    labelled fraction of the nodes falls from 100 % to 1 % (`sim.constraintsim`)."""
+    return constraintsim.constraints_outcome(p.out, p.nodes, p.tasks, p.seed)
+
+
+@_timed
+def locality(p: Params) -> Outcome:
+    """Data locality and response time vs the delay-scheduling wait D (`sim.localitysim`)."""
+    return localitysim.locality_outcome(p.out, p.nodes, p.tasks, p.seed)
+
+
 # ------------------------------------------------------------------ registry
 
 EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
@@ -1590,6 +1606,8 @@ EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
     "shares": shares,
     "flex": flex,
     "fairness": fairness,
+    "constraints": constraints,
+    "locality": locality,
 }
 
 INTRO = """
