@@ -284,7 +284,8 @@ class Placing:
             f"waiting for a slot on a node holding {', '.join(spec.data)}"
             f" ({waited:.1f} s of {self.data_delay:g} s; then any node)"
         )
-        return now + min(DATA_RETRY, max(left, 0.0)), why
+        # at least 10 ms: a wake a hair before the deadline must not spin
+        return now + min(DATA_RETRY, max(left, 0.01)), why
 
     def _kept_here(self, t: m.Task) -> str | None:
         """Why a task must run here rather than be placed (None: place it)."""

@@ -24,6 +24,7 @@ compare cleanly.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -65,6 +66,7 @@ def valid_data_key(key: str) -> bool:
     return _NAME_RE.fullmatch(key) is not None
 
 
+@functools.lru_cache(maxsize=4096)  # placement asks about the same few keys per node
 def _positions(key: str) -> tuple[int, ...]:
     """The HASHES bit positions of a key: blake2b-128, cut into little-endian 32-bit
     words, each modulo BITS. Stable across processes, machines and Python versions."""

@@ -362,7 +362,11 @@ def place(
         smp = sample_peers(
             view, d, rng, accept, skip=me, scan_below=scan_below, max_attempts=max_attempts
         )
-        if len(smp.chosen) < d and not smp.scanned and (needs.constraints or where != NOWHERE):
+        if (
+            len(smp.chosen) < d
+            and not smp.scanned
+            and (needs.constraints or needs.prefer or needs.data or where != NOWHERE)
+        ):
             smp = sample_peers(view, d, rng, accept, skip=me, scan_below=len(view) + 1)
         return smp
 
@@ -391,7 +395,7 @@ def place(
         sample = first
     else:
         sample = sample_with(verdict)
-    if needs.prefer or needs.data:
+    if needs.prefer or (needs.data and not where.holders_only):  # else: all hold it
         extra = sample_with(
             lambda n, e: (
                 accept(n, e) or (None if _satisfies_soft(e.report, needs) else "not preferred")

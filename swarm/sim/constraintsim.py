@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from . import plots
-from .report import Outcome, Table
+from .report import Outcome, Table, mean_ci
 from .wheresim import JSQ, PROBE, SWARM, WhereConfig, WhereResult, run_where
 
 FRACTIONS = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01)
@@ -43,7 +43,6 @@ def base(nodes: int, eligible: int, tasks: int, seed: int, method: str) -> Where
 
 
 def constraints_outcome(out: Path, nodes: int | None, tasks: int | None, seed: int) -> Outcome:
-    from .experiments import mean_ci  # experiments imports this module
 
     n = nodes or 100
     seeds = [seed + k for k in range(SEEDS)]

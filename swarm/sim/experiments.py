@@ -40,7 +40,7 @@ from .engine import (
 )
 from .flexsim import FLEX, LRF, FlexResult, FlexSimConfig, flex_config, run_flex
 from .gpusim import GpuSimConfig, run_gpu
-from .report import Outcome, Table
+from .report import T975, Outcome, Table, mean_ci  # noqa: F401  (re-exported: tests and sims use them here)
 from .workloads import (
     BoundedPareto,
     Exponential,
@@ -1244,21 +1244,9 @@ sets how many violations each extra admitted task costs.
 # ------------------------------------------------------------------ 7. fairness
 
 FAIR_SEEDS = 5
+
+
 # Student's t at 97.5 % for n - 1 degrees of freedom (95 % two-sided intervals).
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
-    """The mean and the half-width of its 95 % confidence interval (t distribution;
-    nan with one value)."""
-    n = len(xs)
-    mu = sum(xs) / n
-    if n < 2:
-        return mu, math.nan
-    sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (n - 1))
-    return mu, T975.get(n - 1, 1.96) * sd / math.sqrt(n)
-
-
 def _smooth(series: Sequence[tuple[float, float]], k: int) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for i in range(0, len(series) - k + 1, k):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import plots
 from .fairsim import default_delay
-from .report import Outcome, Table
+from .report import Outcome, Table, mean_ci
 from .wheresim import BLIND, SWARM, WhereConfig, WhereResult, run_where
 from .workloads import Exponential
 
@@ -55,7 +55,6 @@ def config(
 
 
 def locality_outcome(out: Path, nodes: int | None, tasks: int | None, seed: int) -> Outcome:
-    from .experiments import mean_ci  # experiments imports this module
 
     n = nodes or NODES
     m = tasks or TASKS

@@ -111,3 +111,17 @@ def doc_page(outcomes: Sequence[Outcome], fig_dir: str, intro: str) -> str:
     for o in outcomes:
         parts.append(o.section(fig_prefix=fig_dir.rstrip("/") + "/"))
     return "\n".join(parts)
+
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
+    """The mean and the half-width of its 95 % confidence interval (t distribution;
+    nan with one value)."""
+    n = len(xs)
+    mu = sum(xs) / n
+    if n < 2:
+        return mu, math.nan
+    sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (n - 1))
+    return mu, T975.get(n - 1, 1.96) * sd / math.sqrt(n)
