@@ -352,6 +352,8 @@ def format_status(t: dict[str, Any], migrations: list[dict[str, Any]] | None = N
         f"user:      {spec.get('user') or spec.get('uid')}",
         f"weight:    {spec.get('weight')}   attempts: {t.get('attempts')}",
     ]
+    where = _where_lines(spec)
+    lines += where
     if t.get("exit_code") is not None or t.get("signal") is not None:
         lines.append(f"exit:      code={t.get('exit_code')} signal={t.get('signal')}")
     lines.append(f"runtime:   {fmt_age(_task_runtime(t, now))}")
@@ -368,6 +370,27 @@ def format_status(t: dict[str, Any], migrations: list[dict[str, Any]] | None = N
         lines.append("migrations:")
         lines += ["  " + format_migration(mg) for mg in migrations]
     return "\n".join(term_safe(ln) for ln in lines)  # each line from data, escaped
+
+
+def _where_lines(spec: dict[str, Any]) -> list[str]:
+    """The task's own labels and where it may run, for `swarm status` (none: no line)."""
+    out = []
+    if spec.get("labels"):
+        out.append("labels:    " + " ".join(f"{k}={v}" for k, v in spec["labels"].items()))
+    for key, name in (("constraints", "needs"), ("prefer", "prefers"), ("data", "data")):
+        if spec.get(key):
+            out.append(f"{name + ':':<11}" + "  ".join(spec[key]))
+    if spec.get("job"):
+        extra = [f"spread over {spec['spread']}"] if spec.get("spread") else []
+        if spec.get("anti_affinity"):
+            extra.append(f"at most {spec['anti_affinity']} a node")
+        out.append(f"job:       {spec['job']}" + (f" ({', '.join(extra)})" if extra else ""))
+    if spec.get("cwd"):
+        out.append(
+            f"cwd:       {spec['cwd']}"
+            + (" (or $HOME where missing)" if spec.get("cwd_any") else "")
+        )
+    return out
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
