@@ -168,7 +168,9 @@ class Runner:
             self.root,
             run_id=self.run_id,
             mode=self.mode,
-            args=["--slots", str(sc.slots)],
+            # 1024 shares a node, as when the scenarios were tuned (the default is now
+            # 1024 a slot): reservations of 200-600 shares then contend for a node
+            args=["--slots", str(sc.slots), "--shares", "1024"],
             per_node_args=label_args(node_labels(sc)),
             env=self.env,
             shim=sc.shim,

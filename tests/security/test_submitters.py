@@ -220,7 +220,14 @@ def test_cwd_under_a_private_parent_fails_as_the_user_would(
     assert r["task"]["state"] == "failed", r
     assert "root-only-4471" not in r["out"]
     reason = r["task"]["reason"]
-    assert "cannot enter working directory" in reason and "Permission denied" in reason, reason
+    # a directory the user cannot enter counts as missing (issue 21: every node refuses
+    # the task for it, so it fails), in the very words of a missing one: whether it
+    # exists is not told
+    assert reason.startswith(f"working directory {inner} does not exist on any node"), reason
+    gone = priv / "nothing"
+    rm = as_user(alice, _submit_wait(a.socket, ["true"], cwd=str(gone)))
+    assert rm["task"]["state"] == "failed", rm
+    assert rm["task"]["reason"].replace(str(gone), "D") == reason.replace(str(inner), "D")
 
     # whether a file the user cannot see exists is not told: the same answer for both
     reasons = []
