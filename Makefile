@@ -31,9 +31,16 @@ demo: $(STAMP)
 	@$(BYTECODE)
 	$(PY) -m swarm.demo
 
+# The unit tests (CPU-bound, ~1.5 min) run beside the rest (agents on loopback, mostly
+# waiting), each half in its own pytest; the unit half's report follows the other's.
 test: $(STAMP) sysdeps
 	@$(BYTECODE)
-	$(PY) -m pytest -q -p no:cacheprovider
+	@unit_log=$$(mktemp); \
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit >$$unit_log 2>&1 & unit=$$!; \
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit; rest=$$?; \
+	wait $$unit; units=$$?; \
+	echo "--- tests/unit (run alongside) ---"; cat $$unit_log; rm -f $$unit_log; \
+	test $$rest -eq 0 -a $$units -eq 0
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/unit
