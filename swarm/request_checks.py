@@ -13,6 +13,8 @@ from typing import Any
 from . import codec, wire
 from . import limits as lim
 from . import model as m
+from .policy import constraints as cons
+from .policy.datakeys import DATA_KEY_RULE, valid_data_key
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
@@ -154,11 +156,14 @@ def submit_spec(
     return spec
 
 
-def _where(f: wire.Fields, *, is_global: bool) -> dict[str, Any]:
-    """Issue 21's submit fields, each checked with one line naming it."""
-    from .policy import constraints as cons
-    from .policy.datakeys import DATA_KEY_RULE, valid_data_key
+_WHERE_KEYS = ("constraints", "prefer", "job", "spread", "anti_affinity", "data", "cwd_any")
 
+
+def _where(f: wire.Fields, *, is_global: bool) -> dict[str, Any]:
+    """Issue 21's submit fields, each checked with one line naming it (none given, the
+    common case: nothing to read)."""
+    if not any(f.obj.get(k) is not None for k in _WHERE_KEYS):
+        return {}
     out: dict[str, Any] = {}
     for key, what in (("constraints", "constraint"), ("prefer", "prefer")):
         texts = f.str_list(key, max_items=cons.MAX_CONSTRAINTS)

@@ -120,6 +120,8 @@ class Placing:
     def where(self, spec: m.TaskSpec, local: m.LoadReport, wall: float) -> pl.Where:
         """What this home knows for `spec`'s soft placement: its job's tasks per node
         and per value of the spread label, and whether its data must be local for now."""
+        if not spec.data and not (spec.job and (spec.spread or spec.anti_affinity)):
+            return pl.NOWHERE  # the common case, on the submit-to-start path
         holders = pl.data_first(pl.Needs.of(spec), wall - spec.submitted_at, self.data_delay)
         if not spec.job or not (spec.spread or spec.anti_affinity):
             return pl.Where(holders_only=True) if holders else pl.NOWHERE

@@ -31,6 +31,8 @@ def cwd_refusal(
     if not os.path.isabs(cwd):
         return missing
     path = os.path.normpath(cwd)
+    if uid == 0:  # root searches every directory: whether it is one is all there is
+        return None if os.path.isdir(path) else missing
     if uid is None:
         return None if os.path.isdir(path) and os.access(path, os.X_OK) else missing
     parts = [p for p in path.split("/") if p]
