@@ -21,7 +21,7 @@ from swarm.policy import migration as mig
 from swarm.policy.transfer import TransferConfig
 
 from . import balls as balls_mod
-from . import constraintsim, localitysim, plots
+from . import constraintsim, elasticsim, localitysim, plots
 from . import fairsim as fs
 from .calibrate import measure_load_age
 from .engine import (
@@ -1584,6 +1584,16 @@ def locality(p: Params) -> Outcome:
     return localitysim.locality_outcome(p.out, p.nodes, p.tasks, p.seed)
 
 
+# ------------------------------------------------------------------ 10. elastic (issue 25)
+
+
+@_timed
+def elastic(p: Params) -> Outcome:
+    """A fleet that scales itself over a diurnal day with bursts: swarm's leaderless
+    autoscaler vs a central one vs fixed fleets (`sim.elasticsim`)."""
+    return elasticsim.elastic_outcome(p.out, p.nodes, p.tasks, p.seed)
+
+
 # ------------------------------------------------------------------ registry
 
 EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
@@ -1596,6 +1606,7 @@ EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
     "fairness": fairness,
     "constraints": constraints,
     "locality": locality,
+    "elastic": elastic,
 }
 
 INTRO = """
