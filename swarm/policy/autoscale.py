@@ -29,6 +29,16 @@ metric per pod, for a pool of nodes instead of a set of replicas:
   already draining for scale-in count against that step, so at most `max_step` nodes
   are draining at once. A scale-in also needs the state to have recorded for a whole
   `scale_in_window` (a new actor, after a hand-over, does not scale in on one sample).
+- **Hand-over** (`decide(..., epoch=)`, `ScaleState.learn`): the state belongs to one
+  lease epoch of the actor seat; given another epoch, `decide` first drops the
+  recommendations and restarts the warm-up (`ScaleState.for_epoch`), so a node that
+  wins the seat back never scales in on its old samples. The actions known (its own
+  and those learned from others: the last action gossiped with the lease, or
+  journaled) are kept, and both cooldowns count from the newest of them.
+- **Booting nodes** (`PoolView.booting`): nodes launched and not yet joined count as
+  nodes of the pool (the count compared with the desired one, and against
+  `max_nodes`), never as slots, so a boot longer than `out_cooldown` does not add
+  nodes twice for the same demand.
 - **Safe scale-in** (`choose_victims`): the nodes whose removal loses least work.
 
 Time comes in as `now` (a monotonic clock: a step back would hold old
@@ -138,7 +148,10 @@ class PoolView:
     scale-in are counted in `draining` only (they are leaving, so capacity is counted
     without them). `running` and `queued` are slots demanded, wherever they are
     (running work on a draining node still needs a home or must finish). `age` is the
-    age of the oldest report used: the view's staleness.
+    age of the oldest report used: the view's staleness. `booting` are nodes a
+    scale-out launched that have not joined yet: part of the pool's node count (what
+    the desired count is compared with, and what `max_nodes` bounds), not of `slots`
+    (they take no work yet) nor of `nodes`.
     """
 
     nodes: int
@@ -147,10 +160,12 @@ class PoolView:
     queued: float = 0.0
     age: float = 0.0
     draining: int = 0
+    booting: int = 0
 
     def __attrs_post_init__(self) -> None:
         _count("nodes", self.nodes)
         _count("draining", self.draining)
+        _count("booting", self.booting)
         for name in ("slots", "running", "queued"):
             _real(name, getattr(self, name))
         if isinstance(self.age, bool) or not isinstance(self.age, int | float):
@@ -192,7 +207,15 @@ def _unclamped(view: PoolView, cfg: ScaleConfig) -> int:
             return view.nodes + 1
         return view.nodes + _ceil(demand / (size * target))
     ratio = demand / (view.slots * target)
-    if abs(ratio - 1.0) <= cfg.tolerance + _EPS:  # 22/20 is 1.1 on the band's edge
+    if view.booting:
+        # the band is around the pool's count, booting nodes included with no work
+        # (as HPA counts a pod not ready yet at zero usage when scaling up)
+        size = _node_size(view, cfg)
+        assert size is not None
+        within = demand / ((view.slots + view.booting * size) * target)
+        if abs(within - 1.0) <= cfg.tolerance + _EPS:
+            return view.nodes + view.booting
+    elif abs(ratio - 1.0) <= cfg.tolerance + _EPS:  # 22/20 is 1.1 on the band's edge
         return view.nodes
     if ratio > 1.0:
         # the missing capacity at the target, in nodes of the size the hook adds
@@ -216,9 +239,10 @@ def recommend(view: PoolView, cfg: ScaleConfig) -> int:
 # ----------------------------------------------------------------------- state
 
 
-@attrs.frozen
+@attrs.frozen(order=True)
 class Acted:
-    """An action `decide` returned (assumed taken until `ScaleState.failed`)."""
+    """An action `decide` returned (assumed taken until `ScaleState.failed`), or one
+    another node took, as gossip or the journal tells it (`ScaleState.learn`)."""
 
     action: Literal["out", "in"]
     count: int
@@ -228,14 +252,38 @@ class Acted:
 @attrs.frozen
 class ScaleState:
     """What one deciding node remembers between decisions: the recommendations of the
-    longest window (bounded: older ones are dropped), when it started recording, and
-    the last two actions (the latest one may still be running its hook)."""
+    longest window (bounded: older ones are dropped), when it started recording, the
+    last two actions (the latest one may still be running its hook), the newest action
+    learned from others, and the lease epoch the recommendations belong to."""
 
     history: tuple[tuple[float, int], ...] = ()  # (time, raw recommendation), oldest first
     since: float | None = None  # the first recommendation recorded
     last: Acted | None = None  # the latest action; undone by failed()
     earlier: Acted | None = None  # the one before it: the cooldowns' base after a failure
     failed_at: float | None = None  # the latest failed hook (for `swarm scale status`)
+    heard: Acted | None = None  # the newest action learned from others (`learn`)
+    epoch: int = 0  # the actor seat's lease epoch of `history` and `since` (0: none)
+
+    def __attrs_post_init__(self) -> None:
+        _count("epoch", self.epoch)
+
+    def for_epoch(self, epoch: int) -> ScaleState:
+        """The state for acting in lease epoch `epoch`: unchanged in the same epoch; in
+        another, no recommendation and no warm-up yet (so a node that wins the seat
+        back waits a whole scale-in window again), the actions known kept (their
+        cooldowns still hold)."""
+        if epoch == self.epoch:
+            return self
+        return attrs.evolve(self, history=(), since=None, epoch=epoch)
+
+    def learn(self, acted: Acted) -> ScaleState:
+        """An action another node took (gossiped with its lease, or journaled): the
+        cooldowns count from it when it is the newest action known. Keeps the newest
+        by time (ties broken by the action, then the count), so learning is
+        idempotent and commutative."""
+        if self.heard is not None and (self.heard.at, self.heard) >= (acted.at, acted):
+            return self
+        return attrs.evolve(self, heard=acted)
 
     def record(self, now: float, recommendation: int, horizon: float) -> ScaleState:
         """This recommendation added, those `horizon` seconds old or older dropped."""
@@ -259,8 +307,11 @@ class ScaleState:
 
     @property
     def latest(self) -> Acted | None:
-        """The action the cooldowns count from."""
-        return self.last or self.earlier
+        """The action the cooldowns count from: the newest known, own or learned."""
+        own = self.last or self.earlier
+        if own is None or self.heard is None:
+            return own or self.heard
+        return own if own.at >= self.heard.at else self.heard
 
     def window(self, now: float, seconds: float) -> list[int]:
         """Recommendations recorded less than `seconds` before `now` (and any from a
@@ -282,7 +333,8 @@ class ScaleDecision:
 def _describe(view: PoolView, cfg: ScaleConfig, raw: int) -> str:
     u = view.utilisation
     util = "inf" if math.isinf(u) else f"{u:.2f}"
-    drain = f" (+{view.draining} draining)" if view.draining else ""
+    drain = f" (+{view.booting} booting)" if view.booting else ""
+    drain += f" (+{view.draining} draining)" if view.draining else ""
     return (
         f"pool {cfg.pool}: {view.nodes} nodes{drain}, utilisation {util} = "
         f"({_g(view.running)} running + {_g(view.queued)} queued) / {_g(view.slots)} slots, "
@@ -298,7 +350,12 @@ def _cooldown_left(state: ScaleState, now: float, cooldown: float) -> tuple[floa
 
 
 def decide(
-    state: ScaleState, view: PoolView, cfg: ScaleConfig, now: float
+    state: ScaleState,
+    view: PoolView,
+    cfg: ScaleConfig,
+    now: float,
+    *,
+    epoch: int | None = None,
 ) -> tuple[ScaleState, ScaleDecision]:
     """The action for this view at `now`, and the state to keep.
 
@@ -306,8 +363,17 @@ def decide(
     so a hook still running when `decide` is asked again is not started twice; if the
     hook fails, keep ``state.failed(now)`` instead, and the next decision may retry at
     once. A view older than `max_view_age` decides nothing and is not recorded.
+
+    `epoch` is the actor seat's lease epoch this node acts in (`SeatStep.epoch`): a
+    state from another epoch starts afresh (`ScaleState.for_epoch`). None (a single
+    controller, never handed over) keeps the state's epoch.
+
+    The pool's node count is ``view.nodes + view.booting``: the desired count is
+    compared with it, so a scale-out adds only what the booting nodes do not cover.
     """
-    cur = view.nodes
+    if epoch is not None:
+        state = state.for_epoch(epoch)
+    cur = view.nodes + view.booting
     if view.age > cfg.max_view_age:
         return state, ScaleDecision(
             "none",
@@ -371,7 +437,9 @@ def decide(
                 f"scale in to {desired} waits: {view.draining} nodes already draining"
                 f" (max_step {cfg.max_step})"
             )
-        count = min(room, cur - desired)
+        count = min(room, cur - desired, view.nodes)  # only live nodes can be drained
+        if count <= 0:
+            return none(f"scale in to {desired} waits: {view.booting} nodes still booting")
         state = state.acting(now, "in", count)
         return state, ScaleDecision(
             "in",

@@ -9,7 +9,9 @@ for swarm, `cluster.actor.ActorSeat` on every member to say which node decides.
 
 Policies: a fixed fleet (no decisions; a crashed node is replaced at once), *swarm*
 (the decision runs on the node that `ActorSeat` elects, on a view `delay` seconds old;
-each node keeps its own `ScaleState`, so a new actor starts fresh) and *central* (one
+each node keeps its own `ScaleState`, passes its lease epoch to `decide`, so a new
+tenure starts a fresh window, and learns every action from gossip, `delay` seconds
+after it, so the cooldowns survive a hand-over) and *central* (one
 controller, same `ScaleConfig`, on a fresh view, never handed over). The outcome
 (tables, figure, prose) is in `sim.elasticsim`.
 """
@@ -26,7 +28,15 @@ from typing import Any
 import attrs
 
 from ..cluster.actor import ActorSeat, Lease, rendezvous_owner
-from ..policy.autoscale import NodeWork, PoolView, ScaleConfig, ScaleState, choose_victims, decide
+from ..policy.autoscale import (
+    Acted,
+    NodeWork,
+    PoolView,
+    ScaleConfig,
+    ScaleState,
+    choose_victims,
+    decide,
+)
 
 FIXED, SWARM, CENTRAL = "fixed", "swarm", "central"
 KEY = "autoscale/default"
@@ -184,7 +194,6 @@ class _Sim:
         self.leases: dict[str, Lease] = {}  # each member's latest announcement
         self.ghosts: dict[str, float] = {}  # crashed node -> when membership drops it
         self.snaps: dict[float, tuple[PoolView, list[NodeWork]]] = {}
-        self.acting: list[str] = []
         self.actor: str | None = None
         self.first_actor = False
         self.stats = dict.fromkeys(
@@ -229,7 +238,13 @@ class _Sim:
             self.seats[nid] = ActorSeat(nid, KEY, self.cfg.ttl, self.cfg.lease_grace)
             for lease in self.leases.values():  # gossip carries each member's lease
                 self.at(self.now + self.cfg.delay, "lease", (lease, nid))
+            if self.decisions:  # and the last action, with the lease
+                self.at(self.now + self.cfg.delay, "acted", (self.last_acted(), nid))
         self.dispatch()
+
+    def last_acted(self) -> Acted:
+        d = self.decisions[-1]
+        return Acted("out" if d.action == "out" else "in", d.count, d.at)
 
     def remove(self, nid: str) -> None:
         self.nodes[nid].state = "gone"
@@ -265,13 +280,14 @@ class _Sim:
 
     def snapshot(self) -> tuple[PoolView, list[NodeWork]]:
         ns = self.nodes.values()
-        taking = [n for n in ns if n.state in ("boot", "up")]  # a launched node is counted
+        up = sum(1 for n in ns if n.state == "up")
         view = PoolView(
-            nodes=len(taking),
-            slots=float(len(taking) * self.cfg.slots),
+            nodes=up,
+            slots=float(up * self.cfg.slots),
             running=float(sum(len(n.running) for n in ns)),
             queued=float(len(self.queue)),
             draining=sum(1 for n in ns if n.state == "drain"),
+            booting=sum(1 for n in ns if n.state == "boot"),  # launched, not joined yet
         )
         work = [
             NodeWork(
@@ -284,9 +300,17 @@ class _Sim:
         ]
         return view, work
 
-    def apply(self, by: str, state: ScaleState, view: PoolView, work: list[NodeWork]) -> None:
-        state, d = decide(state, view, self.scfg, self.now)
+    def apply(
+        self,
+        by: str,
+        state: ScaleState,
+        view: PoolView,
+        work: list[NodeWork],
+        epoch: int | None = None,
+    ) -> None:
+        state, d = decide(state, view, self.scfg, self.now, epoch=epoch)
         self.states[by] = state
+        n = len(self.decisions)
         if d.action == "out":
             for _ in range(d.count):
                 self.launch()
@@ -305,6 +329,10 @@ class _Sim:
                     self.at(self.now + self.cfg.grace, "grace", nid)
             if victims:
                 self.decisions.append(Decision(self.now, "in", len(victims), by))
+        if self.cfg.policy == SWARM and len(self.decisions) > n:  # gossiped to the others
+            for other in self.seats:
+                if other != by:
+                    self.at(self.now + self.cfg.delay, "acted", (self.last_acted(), other))
 
     # ---------------------------------------------------------------- events
 
@@ -318,6 +346,7 @@ class _Sim:
         if cfg.policy == SWARM:
             live = self.members()
             acting = []
+            epochs: dict[str, int] = {}
             for nid in sorted(self.seats):
                 st = self.seats[nid].step(live, self.now)
                 if st.announce is not None:
@@ -327,6 +356,7 @@ class _Sim:
                             self.at(self.now + cfg.delay, "lease", (st.announce, other))
                 if st.acting:
                     acting.append(nid)
+                    epochs[nid] = st.epoch
             self.stats["double"] += len(acting) > 1
             if acting and acting[0] != self.actor:
                 if self.actor is not None:
@@ -341,13 +371,12 @@ class _Sim:
                 view, work = snap if snap is not None else self.snapshot()
                 view = attrs.evolve(view, age=cfg.delay)
                 for nid in acting:
-                    if nid not in self.acting:  # a new tenure: the state starts fresh
-                        self.states[nid] = ScaleState()
                     crashed = self.crash_time is not None and math.isnan(self.takeover)
                     if crashed and nid != self.crashed and self.crash_time is not None:
                         self.takeover = self.now - self.crash_time
-                    self.apply(nid, self.states.get(nid, ScaleState()), view, work)
-            self.acting = acting
+                    # a new epoch (a new tenure) starts the window afresh in `decide`
+                    state = self.states.get(nid, ScaleState())
+                    self.apply(nid, state, view, work, epoch=epochs[nid])
             self.snaps.pop(self.now, None)
         elif cfg.policy == CENTRAL and decide_now:
             view, work = self.snapshot()
@@ -415,6 +444,10 @@ class _Sim:
                 lease, nid = data
                 if nid in self.seats:
                     self.seats[nid].on_lease(lease, self.now)
+            elif kind == "acted":
+                acted, nid = data
+                if nid in self.seats:
+                    self.states[nid] = self.states.get(nid, ScaleState()).learn(acted)
             elif kind == "boot":
                 self.join(data)
             elif kind == "grace":

@@ -553,3 +553,133 @@ def test_victims_are_unpinned_cheapest_and_order_independent(
     assert key == sorted(key)
     rest = [(n.task_seconds, n.queued, n.node) for n in free if n.node not in chosen]
     assert not key or not rest or max(key) < min(rest)
+
+
+# ------------------------------------------------ hand-over: epochs, learned actions
+
+
+def _warm(state: ScaleState, view: PoolView, start: float, end: float, epoch: int) -> ScaleState:
+    t = start
+    while t <= end:
+        state, d = decide(state, view, BASE, t, epoch=epoch)
+        assert d.action == "none"
+        t += 10.0
+    return state
+
+
+def test_a_node_that_wins_the_seat_back_warms_up_again() -> None:
+    """Acted in epoch 1, lost the seat, won it back in epoch 3 long after: its old
+    `since` must not let it scale in on the first sample of the new epoch."""
+    idle = PoolView(4, 40.0, 5.0)  # wants 1 node
+    busy = PoolView(4, 40.0, 20.0)  # at the target: holds 4
+    state = _warm(ScaleState(), busy, 0.0, 400.0, epoch=1)
+    assert state.since == 0.0 and state.epoch == 1
+    # without an epoch the old state would scale in at once (the old behaviour)
+    _, d = decide(state, idle, BASE, 5000.0)
+    assert d.action == "in"
+    back, d = decide(state, idle, BASE, 5000.0, epoch=3)
+    assert d.action == "none" and "recorded for 0 s" in d.reason
+    assert back.epoch == 3 and back.since == 5000.0 and back.history == ((5000.0, 1),)
+    # the same epoch keeps its state; the warm-up ends a window later
+    back = _warm(back, idle, 5010.0, 5290.0, epoch=3)
+    _, d = decide(back, idle, BASE, 5300.0, epoch=3)
+    assert (d.action, d.count) == ("in", 3)
+
+
+def test_for_epoch_keeps_the_actions_known_and_is_a_no_op_in_the_same_epoch() -> None:
+    s = ScaleState(history=((1.0, 3),), since=1.0, last=Acted("out", 2, 1.0), epoch=2).learn(
+        Acted("in", 1, 5.0)
+    )
+    assert s.for_epoch(2) is s
+    f = s.for_epoch(3)
+    assert (f.history, f.since, f.epoch) == ((), None, 3)
+    assert (f.last, f.heard, f.latest) == (s.last, s.heard, Acted("in", 1, 5.0))
+    with pytest.raises(ValueError, match="epoch"):
+        ScaleState(epoch=-1)
+
+
+def test_a_new_actor_that_learned_of_an_out_does_not_scale_out_again_in_the_cooldown() -> None:
+    view = PoolView(4, 40.0, 40.0)  # wants 8
+    _, d = decide(ScaleState(), view, BASE, NOW, epoch=5)
+    assert d.action == "out"  # nothing known: acts at once
+    told = ScaleState().learn(Acted("out", 4, NOW - 10.0))  # gossiped with the lease
+    state, d = decide(told, view, BASE, NOW, epoch=5)
+    assert d.action == "none" and "out_cooldown 50 s left after out 4 at 990" in d.reason
+    _, d = decide(state, view, BASE, NOW + 50.0, epoch=5)
+    assert d.action == "out"
+    # and the in_cooldown counts from it too, after the warm-up
+    idle = PoolView(8, 80.0, 5.0)
+    s = _warm(ScaleState().learn(Acted("out", 4, 500.0)), idle, 0.0, 290.0, epoch=1)
+    _, d = decide(s, idle, BASE, 300.0, epoch=1)
+    assert d.action == "none" and "in_cooldown" in d.reason
+
+
+def test_learn_keeps_the_newest_action_idempotent_and_commutative() -> None:
+    acts = [
+        Acted("out", 2, 10.0),
+        Acted("in", 1, 30.0),
+        Acted("out", 1, 20.0),
+        Acted("out", 3, 30.0),
+    ]
+    results = set()
+    for order in itertools.permutations(acts):
+        s = ScaleState()
+        for a in order:
+            s = s.learn(a).learn(a)
+        results.add(s)
+    assert len(results) == 1
+    (s,) = results
+    assert s.heard is not None and s.heard.at == 30.0
+    # an own action newer than the learned one is the cooldowns' base
+    own = s.acting(40.0, "in", 1)
+    assert own.latest == Acted("in", 1, 40.0)
+    assert own.failed(41.0).latest == s.heard  # the own action undone: the learned one
+
+
+def test_booting_nodes_count_as_nodes_not_slots() -> None:
+    # 4 live nodes, 40 slots, demand 40 at target 0.5: wants 8; 4 already booting
+    view = PoolView(4, 40.0, 40.0, booting=4)
+    _, d = decide(ScaleState(), view, BASE, NOW)
+    assert d.action == "none" and d.desired == 8
+    assert d.reason.startswith("pool cpu: 4 nodes (+4 booting), utilisation 1.00")
+    # 2 booting: only the 2 missing are added
+    _, d = decide(ScaleState(), attrs.evolve(view, booting=2), BASE, NOW)
+    assert (d.action, d.count, d.desired) == ("out", 2, 8)
+    # booting nodes count against max_nodes
+    cfg = attrs.evolve(BASE, max_nodes=7)
+    _, d = decide(ScaleState(), attrs.evolve(view, booting=2), cfg, NOW)
+    assert (d.action, d.count, d.desired) == ("out", 1, 7)
+    _, d = decide(ScaleState(), attrs.evolve(view, booting=2, draining=1), cfg, NOW)
+    assert d.action == "none" and "max_nodes 7 reached counting 1 draining" in d.reason
+    with pytest.raises(ValueError, match="booting"):
+        PoolView(1, 10.0, booting=-1)
+
+
+def test_a_boot_longer_than_the_out_cooldown_does_not_add_nodes_twice() -> None:
+    """Demand for 8 nodes on 4; the launched nodes boot for 150 s > out_cooldown 60 s."""
+    state, live, booting, added = ScaleState(), 4, 0, 0
+    boots: list[float] = []
+    for tick in range(40):
+        now = tick * 15.0
+        while boots and boots[0] <= now:
+            boots.pop(0)
+            booting -= 1
+            live += 1
+        view = PoolView(live, 10.0 * live, 40.0, booting=booting)
+        state, d = decide(state, view, BASE, now)
+        if d.action == "out":
+            added += d.count
+            booting += d.count
+            boots += [now + 150.0] * d.count
+    assert added == 4 and live == 8 and booting == 0
+
+
+def test_the_tolerance_band_counts_booting_nodes_at_no_work() -> None:
+    """10 live nodes and 1 booting for demand of 11.5 nodes: 1.045 of the pool's 11
+    is within the band (no change); over the live slots alone it is 1.15, which would
+    add a node the booting one nearly covers."""
+    view = PoolView(10, 100.0, 57.5, booting=1)
+    assert recommend(view, BASE) == 11
+    _, d = decide(ScaleState(), view, BASE, NOW)
+    assert (d.action, d.desired) == ("none", 11)
+    assert recommend(attrs.evolve(view, booting=0), BASE) == 12
