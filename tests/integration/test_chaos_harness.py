@@ -7,6 +7,7 @@ import os
 import secrets
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -54,9 +55,17 @@ def test_the_sweep_removes_dead_runs_and_spares_live_ones() -> None:
     try:
         for run_id in (dead, live):
             netns.run(["ip", "netns", "add", f"{netns.PREFIX}-{run_id}-n1"])
-        sleeper = subprocess.Popen(
-            ["ip", "netns", "exec", f"{netns.PREFIX}-{dead}-n1", "sleep", "300"]
-        )
+        ns = f"{netns.PREFIX}-{dead}-n1"
+        sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "300"])
+        # the sweep kills what is inside the namespace: wait until the sleeper is in it
+        # (under load `ip netns exec` takes a moment to enter; sweeping before it does
+        # left the sleeper running, a race of this test, not of the sweep)
+        deadline = time.monotonic() + 10
+        while not subprocess.run(
+            ["ip", "netns", "pids", ns], capture_output=True, text=True
+        ).stdout.strip():
+            assert time.monotonic() < deadline, "the sleeper never entered the namespace"
+            time.sleep(0.05)
         swept = netns.sweep_leftovers()
         assert f"{netns.PREFIX}-{dead}-n1" in swept
         assert _mine(dead) == [] and _mine(live) == [f"{netns.PREFIX}-{live}-n1"]
