@@ -90,10 +90,25 @@ CANARY = Scenario(
     description="broken-build self-test: burst + drain on one node, reserving tasks",
 )
 
+# The self-test workload of `constraint-respected`: labelled nodes, no faults, most
+# tasks constrained (a build that ignores constraints places some on the wrong nodes).
+CANARY_LABELS = Scenario(
+    "canary-labels",
+    nodes=3,
+    duration=10.0,
+    tasks=40,
+    drains=False,
+    globals=0,
+    labels=True,
+    settle=60.0,
+    description="broken-build self-test: labelled nodes, constrained tasks",
+)
+
 SUITES: dict[str, tuple[Scenario, ...]] = {
     "full": FULL,
     "smoke": SMOKE,
     "canary": (CANARY,),
+    "canary-labels": (CANARY_LABELS,),
 }
 
 

@@ -9,6 +9,8 @@ Names (comma-separated):
   drop-acked     acknowledge some submissions (ids ending in 0-3) without journaling them
   ignore-drain   start queued tasks on a drained node
   oversubscribe  start tasks whose reservation does not fit the free shares
+  ignore-constraints
+                 place and admit tasks as if they had no hard constraints
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import functools
 import os
 
-NAMES = frozenset({"drop-acked", "ignore-drain", "oversubscribe"})
+NAMES = frozenset({"drop-acked", "ignore-drain", "oversubscribe", "ignore-constraints"})
 
 
 @functools.cache

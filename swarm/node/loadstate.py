@@ -50,6 +50,7 @@ class LoadState:
     labels: tuple[tuple[str, str], ...]
     label_map: dict[str, str]
     data_digest: bytes
+    breaks: frozenset[str]
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -124,6 +125,12 @@ class LoadState:
         s = self.sample
         return self.peak.estimate, loadpol.Capacity(cpu=s.cpus, mem=s.mem_total)
 
+    @property
+    def admission_labels(self) -> dict[str, str] | None:
+        """The labels admission tests hard constraints on (None: not tested, only under
+        the chaos self-test's switch)."""
+        return None if "ignore-constraints" in self.breaks else self.label_map
+
     def admit_here(self, spec: m.TaskSpec) -> pl.Admission:
         """Admission with this node's fresh state (placement used gossip-age data),
         after the runtime's own check (the user exists here, the working directory
@@ -140,7 +147,7 @@ class LoadState:
             usage,
             cap,
             gpus=self.gpus.summary(),
-            labels=self.label_map,
+            labels=self.admission_labels,
         )
 
     def admission_refusal(self, spec: m.TaskSpec) -> str | None:
@@ -154,7 +161,7 @@ class LoadState:
             cap,
             gpus=self.gpus.summary(),
             hook=self.admission_hook,
-            labels=self.label_map,
+            labels=self.admission_labels,
         )
 
     def queue_view(self, now: float) -> list[tr.QueuedTask]:

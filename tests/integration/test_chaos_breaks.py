@@ -19,14 +19,14 @@ from chaos import invariants as inv
 REPO = Path(__file__).resolve().parents[2]
 
 
-def canary(tmp: Path, brk: str | None) -> tuple[int, dict[str, Any], str]:
+def canary(tmp: Path, brk: str | None, suite: str = "canary") -> tuple[int, dict[str, Any], str]:
     env = dict(os.environ)
     env.pop("SWARM_TEST_BREAK", None)
     env.pop("SWARM_TEST_MODE", None)
     if brk is not None:
         env.update(SWARM_TEST_MODE="1", SWARM_TEST_BREAK=brk)
     p = subprocess.run(
-        [sys.executable, "-m", "chaos.run", "--suite", "canary", "--out", str(tmp / "r")],
+        [sys.executable, "-m", "chaos.run", "--suite", suite, "--out", str(tmp / "r")],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -45,18 +45,26 @@ def test_the_canary_passes_on_the_real_build(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_labelled_canary_passes_on_the_real_build(tmp_path: Path) -> None:
+    rc, sc, out = canary(tmp_path, None, "canary-labels")
+    assert rc == 0 and sc["passed"], out
+    assert sc["acked"] >= 20 and sc["lost"] == 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
-    ("brk", "invariant"),
+    ("brk", "invariant", "suite"),
     [
-        ("drop-acked", inv.ACKED),
-        ("ignore-drain", inv.DRAIN),
-        ("oversubscribe", inv.RESERVE),
+        ("drop-acked", inv.ACKED, "canary"),
+        ("ignore-drain", inv.DRAIN, "canary"),
+        ("oversubscribe", inv.RESERVE, "canary"),
+        ("ignore-constraints", inv.CONSTRAINT, "canary-labels"),
     ],
 )
 def test_a_broken_build_fails_naming_the_invariant(
-    tmp_path: Path, brk: str, invariant: str
+    tmp_path: Path, brk: str, invariant: str, suite: str
 ) -> None:
-    rc, sc, out = canary(tmp_path, brk)
+    rc, sc, out = canary(tmp_path, brk, suite)
     assert rc == 1 and not sc["passed"], out
     assert not sc["error"], out
     assert invariant in sc["violated"], (sc["violated"], out)
