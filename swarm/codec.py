@@ -109,45 +109,52 @@ def task_spec_from_wire(obj: Any) -> m.TaskSpec:
         home=f.str("home", ""),
         priority=f.int("priority", m.DEFAULT_PRIORITY, lo=-MAX_PRIORITY, hi=MAX_PRIORITY),
         group=group_name(f.str("group", "", max_len=64), "task"),
-        constraints=_constraints(
-            f.str_list("constraints", max_items=MAX_CONSTRAINTS), "constraint"
-        ),
-        prefer=_constraints(f.str_list("prefer", max_items=MAX_CONSTRAINTS), "prefer"),
-        job=_job(f.str("job", "", max_len=128)),
-        spread=_spread(f.str("spread", "", max_len=64)),
-        anti_affinity=f.int("anti_affinity", 0, lo=0, hi=1 << 20),
-        data=_data_keys(f.str_list("data", max_items=16)),
-        cwd_any=f.bool("cwd_any", False),
+        **where_from_wire(f, "task"),
     )
     f.done()
     return spec
 
 
-def _constraints(texts: list[str], what: str) -> tuple[str, ...]:
+def where_from_wire(f: Fields, what: str) -> dict[str, Any]:
+    """Issue 21's task fields (where it may run), each checked with one line naming it:
+    shared by the peer decoder (`what` "task") and the submit checks ("submit")."""
+    return {
+        "constraints": _constraints(f, "constraints", "constraint", what),
+        "prefer": _constraints(f, "prefer", "prefer", what),
+        "job": _job(f.str("job", "", max_len=128), what),
+        "spread": _spread(f.str("spread", "", max_len=64), what),
+        "anti_affinity": f.int("anti_affinity", 0, lo=0, hi=1 << 20),
+        "data": _data_keys(f.str_list("data", max_items=16), what),
+        "cwd_any": f.bool("cwd_any", False),
+    }
+
+
+def _constraints(f: Fields, key: str, name: str, what: str) -> tuple[str, ...]:
+    texts = f.str_list(key, max_items=MAX_CONSTRAINTS)
     for t in texts:
         try:
             parse_constraint(t)
         except ConstraintError as e:
-            raise SchemaError(f"task: {what}: {e}") from None
+            raise SchemaError(f"{what}: {name}: {e}") from None
     return tuple(texts)
 
 
-def _job(name: str) -> str:
+def _job(name: str, what: str) -> str:
     if name and not valid_job_name(name):
-        raise SchemaError(f"task: job {name!r:.70}: a job name {JOB_RULE}")
+        raise SchemaError(f"{what}: job {name!r:.70}: a job name {JOB_RULE}")
     return name
 
 
-def _spread(key: str) -> str:
+def _spread(key: str, what: str) -> str:
     if key and not valid_label_key(key):
-        raise SchemaError(f"task: spread: label key {key!r:.70}: a key {KEY_RULE}")
+        raise SchemaError(f"{what}: spread: label key {key!r:.70}: a key {KEY_RULE}")
     return key
 
 
-def _data_keys(keys: list[str]) -> tuple[str, ...]:
+def _data_keys(keys: list[str], what: str) -> tuple[str, ...]:
     for k in keys:
         if not valid_data_key(k):
-            raise SchemaError(f"task: data: key {k!r:.70}: {DATA_KEY_RULE}")
+            raise SchemaError(f"{what}: data: key {k!r:.70}: {DATA_KEY_RULE}")
     return tuple(keys)
 
 

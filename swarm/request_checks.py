@@ -13,8 +13,6 @@ from typing import Any
 from . import codec, wire
 from . import limits as lim
 from . import model as m
-from .policy import constraints as cons
-from .policy.datakeys import DATA_KEY_RULE, valid_data_key
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
@@ -164,37 +162,9 @@ def _where(f: wire.Fields, *, is_global: bool) -> dict[str, Any]:
     common case: nothing to read)."""
     if not any(f.obj.get(k) is not None for k in _WHERE_KEYS):
         return {}
-    out: dict[str, Any] = {}
-    for key, what in (("constraints", "constraint"), ("prefer", "prefer")):
-        texts = f.str_list(key, max_items=cons.MAX_CONSTRAINTS)
-        for t in texts:
-            try:
-                cons.parse_constraint(t)
-            except cons.ConstraintError as e:
-                raise wire.SchemaError(f"submit: {what}: {e}") from None
-        out[key] = tuple(texts)
+    out = codec.where_from_wire(f, "submit")
     if is_global and (out["constraints"] or out["prefer"]):
         raise wire.SchemaError("submit: a global task runs on every node: no --constraint/--prefer")
-    job = f.str("job", "", max_len=128)
-    if job and not cons.valid_job_name(job):
-        raise wire.SchemaError(f"submit: job {job!r:.70}: a job name {cons.JOB_RULE}")
-    spread = f.str("spread", "", max_len=64)
-    if spread and not cons.valid_label_key(spread):
-        raise wire.SchemaError(f"submit: spread: label key {spread!r:.70}: a key {cons.KEY_RULE}")
-    anti = f.int("anti_affinity", 0)
-    if not 0 <= anti <= 1 << 20:
-        raise wire.SchemaError(f"submit: anti_affinity must be 0 to {1 << 20}, got {anti}")
-    if (spread or anti) and not job:
+    if (out["spread"] or out["anti_affinity"]) and not out["job"]:
         raise wire.SchemaError("submit: --spread and --anti-affinity work within a --job: name one")
-    data = f.str_list("data", max_items=16)
-    for k in data:
-        if not valid_data_key(k):
-            raise wire.SchemaError(f"submit: data: {k!r:.70}: {DATA_KEY_RULE}")
-    out.update(
-        job=job,
-        spread=spread,
-        anti_affinity=anti,
-        data=tuple(data),
-        cwd_any=f.bool("cwd_any", False),
-    )
     return out
