@@ -45,9 +45,22 @@ BAD_NUMBERS = [
 ]
 
 
+# where a task may run (issue 21): a submitter's constraint is data the agent evaluates
+BAD_WHERE = [
+    (["--constraint", "gpu.model~(a+)+$"], "constraint"),
+    (["--constraint", "mem>=lots"], "constraint"),
+    (["--prefer", "\x1b[2J=x"], "prefer"),
+    (["--job", "../../etc"], "job"),
+    (["--job", "j", "--spread", "a b"], "spread"),
+    (["--spread", "rack"], "--job"),
+    (["--data", "/data/../etc/shadow"], "data"),
+    (["--constraint", "pool=nowhere"], "pool=nowhere"),  # no member has it
+]
+
+
 def test_huge_or_bad_numbers_are_one_line_naming_the_field(make_agent: AgentFactory) -> None:
     a = make_agent("in1")
-    for flags, field in BAD_NUMBERS:
+    for flags, field in [*BAD_NUMBERS, *BAD_WHERE]:
         _one_line_error(a.cli("submit", *flags, "--", "true"), field)
     with a.client() as c:
         assert c.list(all=True) == []

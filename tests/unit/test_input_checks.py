@@ -204,3 +204,53 @@ def test_the_reason_stays_short_on_a_large_cluster() -> None:
 def test_of_report_reads_the_capacity_fields() -> None:
     r = m.LoadReport(node="x", version=1, cpus=3.0, mem_total=7, gpus=(_gpu(),))
     assert NodeCapacity.of(r) == NodeCapacity("x", 3.0, 7, (_gpu(),))
+
+
+# ------------------------------------------------------ where it may run (issue 21)
+
+BAD_WHERE = [
+    ({"constraints": ["a~(x+)+"]}, "submit: constraint: 'a~(x+)+'"),
+    ({"constraints": ["rack"] * 17}, "constraints"),
+    ({"prefer": ["=x"]}, "submit: prefer:"),
+    ({"job": "a b"}, "submit: job 'a b'"),
+    ({"job": "j", "spread": "../rack"}, "submit: spread: label key '../rack'"),
+    ({"job": "j", "anti_affinity": -1}, "anti_affinity"),
+    ({"data": ["/a/../etc"]}, "submit: data: key '/a/../etc'"),
+    ({"spread": "rack"}, "within a --job"),
+    ({"anti_affinity": 2}, "within a --job"),
+    ({"is_global": True, "constraints": ["pool=a"]}, "a global task runs on every node"),
+]
+
+
+@pytest.mark.parametrize(("fields", "text"), BAD_WHERE)
+def test_bad_placement_fields_are_refused_naming_the_field(
+    fields: dict[str, Any], text: str
+) -> None:
+    from swarm import request_checks
+
+    f = wire.Fields({"argv": ["true"], **fields}, "submit")
+    with pytest.raises(wire.SchemaError) as e:
+        request_checks.submit_spec(f, uid=1000, user="alice", home="n1", now=0.0)
+    assert text in str(e.value)
+
+
+def test_good_placement_fields_make_the_spec() -> None:
+    from swarm import request_checks
+
+    f = wire.Fields(
+        {
+            "argv": ["true"],
+            "constraints": ["pool=a", "mem>=8G"],
+            "prefer": ["rack=r1"],
+            "job": "j1",
+            "spread": "rack",
+            "anti_affinity": 2,
+            "data": ["imagenet"],
+            "cwd_any": True,
+        },
+        "submit",
+    )
+    spec = request_checks.submit_spec(f, uid=1000, user="alice", home="n1", now=0.0)
+    assert spec.constraints == ("pool=a", "mem>=8G") and spec.prefer == ("rack=r1",)
+    assert (spec.job, spec.spread, spec.anti_affinity) == ("j1", "rack", 2)
+    assert spec.data == ("imagenet",) and spec.cwd_any
