@@ -8,8 +8,9 @@ tries another one (`--cwd-any` opts into the old fallback).
 The agent runs as root, so "exists" must mean "exists for the task's user": a path
 under a directory the user cannot search is reported exactly like a missing one, so
 a local user cannot learn through placement what exists in, say, /root. The walk
-checks the search (x) bit of every ancestor and the directory itself against the
-user's uid, gid and groups from the mode bits (ACLs are not read: a directory an ACL
+checks the search (x) bit of every ancestor and the directory itself, along the path
+as written and along every symlink's resolution, against the user's uid, gid and
+groups from the mode bits (ACLs are not read: a directory an ACL
 opens for the user is refused here and fails the same way everywhere).
 """
 
@@ -30,23 +31,35 @@ def cwd_refusal(
     missing = f"working directory {cwd} does not exist on node {node}"
     if not os.path.isabs(cwd):
         return missing
-    path = os.path.normpath(cwd)
     if uid == 0:  # root searches every directory: whether it is one is all there is
-        return None if os.path.isdir(path) else missing
+        return None if os.path.isdir(cwd) else missing
     if uid is None:
-        return None if os.path.isdir(path) and os.access(path, os.X_OK) else missing
-    parts = [p for p in path.split("/") if p]
+        return None if os.path.isdir(cwd) and os.access(cwd, os.X_OK) else missing
+    # As the kernel walks it: every prefix of the path as written, each resolved
+    # (symlinks followed, then ".."), must be a chain of directories the user may
+    # search; judging a symlink by its target alone would let a link under the user's
+    # home say whether something exists below /root.
+    prefix = ""
+    for part in ["", *(p for p in cwd.split("/") if p)]:
+        prefix = f"{prefix}/{part}" if part else "/"
+        if not _chain_searchable(os.path.realpath(prefix), uid, gids):
+            return missing
+    return None
+
+
+def _chain_searchable(real: str, uid: int, gids: Collection[int]) -> bool:
+    """Is every directory of the resolved path `real`, from / down, one `uid` may
+    search?"""
     here = "/"
-    for i in range(len(parts) + 1):
-        if i:
-            here = os.path.join(here, parts[i - 1])
+    for part in ["", *(p for p in real.split("/") if p)]:
+        here = os.path.join(here, part) if part else "/"
         try:
             st = os.stat(here)
         except OSError:
-            return missing
+            return False
         if not stat.S_ISDIR(st.st_mode) or not _searchable(st, uid, gids):
-            return missing
-    return None
+            return False
+    return True
 
 
 def _searchable(st: os.stat_result, uid: int, gids: Collection[int]) -> bool:
