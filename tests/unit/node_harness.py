@@ -123,6 +123,21 @@ class FakeNode:
         self.run(self.state.on_ended(done, now, wall))
 
 
+def gossip(*nodes: FakeNode, at: float = 0.0) -> None:
+    """Every node learns every other node's current report."""
+    for n in nodes:
+        for other in nodes:
+            if other is not n:
+                n.state.view.upsert(other.state.local_report(at), at)
+
+
+def busy(node: FakeNode, count: int) -> None:
+    """`count` tasks queued at `node` (its load rises by as many)."""
+    for i in range(count):
+        spec = node.submit(m.TaskSpec(id=f"{node.name}-busy{i}", argv=("x",)))
+        node.run_here(spec.id)
+
+
 def _fields(spec: m.TaskSpec) -> dict[str, Any]:
     import attrs
 

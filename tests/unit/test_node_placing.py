@@ -10,7 +10,7 @@ from swarm.node import events as ev
 from swarm.node.state import NodeState, Settings
 from swarm.policy import shares as sh
 
-from .node_harness import FakeNet, FakeNode
+from .node_harness import FakeNet, FakeNode, busy, gossip
 
 S = m.TaskState
 
@@ -20,20 +20,6 @@ def _flatten(instrs: list[ev.Instruction]) -> list[ev.Instruction]:
     for i in instrs:
         out += _flatten(list(i.instructions)) if isinstance(i, ev.Later) else [i]
     return out
-
-
-def _gossip(*nodes: FakeNode, at: float = 0.0) -> None:
-    """Every node learns every other node's current report."""
-    for n in nodes:
-        for other in nodes:
-            if other is not n:
-                n.state.view.upsert(other.state.local_report(at), at)
-
-
-def _busy(node: FakeNode, count: int) -> None:
-    for i in range(count):
-        spec = node.submit(m.TaskSpec(id=f"{node.name}-busy{i}", argv=("x",)))
-        node.run_here(spec.id)
 
 
 def test_alone_a_task_runs_here_at_once_with_no_job() -> None:
@@ -49,8 +35,8 @@ def test_alone_a_task_runs_here_at_once_with_no_job() -> None:
 def test_a_busier_home_offers_to_an_idle_peer_and_the_job_ends_when_it_is_handed() -> None:
     a, b = FakeNode("A"), FakeNode("B")
     net = FakeNet(a, b)
-    _busy(a, 6)
-    _gossip(a, b)
+    busy(a, 6)
+    gossip(a, b)
     a.submit(m.TaskSpec(id="t2", argv=("x",)))
     a.run(a.state.place("t2", 0.0, 0.0))
     assert a.state.jobs["t2"].offered is not None
@@ -63,8 +49,8 @@ def test_a_busier_home_offers_to_an_idle_peer_and_the_job_ends_when_it_is_handed
 
 def test_a_refusal_is_recorded_and_the_next_choice_excludes_the_refuser() -> None:
     a, b = FakeNode("A"), FakeNode("B")
-    _busy(a, 6)
-    _gossip(a, b)
+    busy(a, 6)
+    gossip(a, b)
     a.submit(m.TaskSpec(id="t3", argv=("x",)))
     a.run(a.state.place("t3", 0.0, 0.0))
     send = a.outbox.popleft()
@@ -108,8 +94,8 @@ def test_a_task_whose_checkpoint_is_here_runs_here_and_is_pinned() -> None:
     """The runtime tells the state where checkpoints are (note_state); placement and
     transfer read that, never the disk."""
     a, b = FakeNode("A"), FakeNode("B")
-    _busy(a, 6)
-    _gossip(a, b)
+    busy(a, 6)
+    gossip(a, b)
     spec = a.submit(m.TaskSpec(id="ck", argv=("x",), migrate=m.MigrateMode.CHECKPOINT))
     a.state.note_state(spec.id, True)
     out = _flatten(a.state.place("ck", 0.0, 0.0))

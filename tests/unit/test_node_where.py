@@ -8,7 +8,7 @@ from swarm import model as m
 from swarm.node.state import Settings
 from swarm.policy import datakeys
 
-from .node_harness import FakeNet, FakeNode
+from .node_harness import FakeNet, FakeNode, busy, gossip
 
 S = m.TaskState
 
@@ -21,24 +21,11 @@ def _node(name: str, labels: dict[str, str] | None = None, **kw: object) -> Fake
     return FakeNode(name, settings=settings)
 
 
-def _gossip(*nodes: FakeNode, at: float = 0.0) -> None:
-    for n in nodes:
-        for other in nodes:
-            if other is not n:
-                n.state.view.upsert(other.state.local_report(at), at)
-
-
-def _busy(node: FakeNode, count: int) -> None:
-    for i in range(count):
-        spec = node.submit(m.TaskSpec(id=f"{node.name}-busy{i}", argv=("x",)))
-        node.run_here(spec.id)
-
-
 def test_a_constrained_task_goes_only_to_a_matching_node_even_from_a_busy_home() -> None:
     a, b, c = _node("A", {"pool": "x"}), _node("B", {"pool": "y"}), _node("C", {"pool": "y"})
     net = FakeNet(a, b, c)
-    _busy(a, 8)
-    _gossip(a, b, c)
+    busy(a, 8)
+    gossip(a, b, c)
     a.submit(m.TaskSpec(id="t1", argv=("x",), constraints=("pool=x",)))
     a.run(a.state.place("t1", 0.0, 0.0))
     # the idle peers do not match: it stays at its busy home, the only match
@@ -63,8 +50,8 @@ def test_a_data_task_waits_for_a_holder_then_goes_anywhere_after_the_delay() -> 
     holder = FakeNode(
         "H", settings=Settings(data_digest=datakeys.digest(["imagenet"]), data_delay=3.0)
     )
-    _busy(holder, 1)  # its one slot is taken: no free slot at the holder
-    _gossip(a, holder)
+    busy(holder, 1)  # its one slot is taken: no free slot at the holder
+    gossip(a, holder)
     a.submit(m.TaskSpec(id="d1", argv=("x",), data=("imagenet",), submitted_at=100.0), 100.0)
     a.run(a.state.place("d1", 0.0, 100.0))
     assert "d1" in a.state.jobs and "d1" not in a.queue
@@ -81,7 +68,7 @@ def test_a_data_task_goes_at_once_to_a_holder_with_a_free_slot() -> None:
     a = _node("A")
     holder = FakeNode("H", settings=Settings(data_digest=datakeys.digest(["imagenet"]), slots=4))
     FakeNet(a, holder)
-    _gossip(a, holder)
+    gossip(a, holder)
     a.submit(m.TaskSpec(id="d2", argv=("x",), data=("imagenet",), submitted_at=0.0))
     a.run(a.state.place("d2", 0.0, 0.0))
     assert a.outbox and a.outbox[0].dest == "H"
@@ -105,7 +92,7 @@ def test_a_working_directory_only_a_peer_has_sends_the_task_there() -> None:
     a, b = _node("A"), _node("B")
     net = FakeNet(a, b)
     a.state.admission_hook = lambda s: "working directory /only-b does not exist on node A"
-    _gossip(a, b)
+    gossip(a, b)
     a.submit(m.TaskSpec(id="c2", argv=("x",), cwd="/only-b"))
     a.run(a.state.place("c2", 0.0, 0.0))
     net.deliver("A")
@@ -115,7 +102,7 @@ def test_a_working_directory_only_a_peer_has_sends_the_task_there() -> None:
 def test_spread_puts_the_next_task_of_a_job_on_the_least_used_rack() -> None:
     a, b, c = _node("A", {"rack": "r1"}), _node("B", {"rack": "r1"}), _node("C", {"rack": "r2"})
     FakeNet(a, b, c)
-    _gossip(a, b, c)
+    gossip(a, b, c)
     for i in range(2):  # two of the job's tasks already run on rack r1 (here)
         spec = a.submit(m.TaskSpec(id=f"j{i}", argv=("x",), job="j", spread="rack"))
         a.run_here(spec.id)
@@ -131,7 +118,7 @@ def test_spread_puts_the_next_task_of_a_job_on_the_least_used_rack() -> None:
 def test_anti_affinity_marks_a_node_holding_the_limit_full() -> None:
     a, b = _node("A"), _node("B")
     FakeNet(a, b)
-    _gossip(a, b)
+    gossip(a, b)
     spec = a.submit(m.TaskSpec(id="k0", argv=("x",), job="k", anti_affinity=1))
     a.run_here(spec.id)
     a.submit(m.TaskSpec(id="k1", argv=("x",), job="k", anti_affinity=1))
@@ -144,7 +131,7 @@ def test_anti_affinity_marks_a_node_holding_the_limit_full() -> None:
 
 def test_a_peer_whose_report_is_too_old_is_not_a_candidate() -> None:
     a, b = _node("A", report_max_age=15.0), _node("B")
-    _busy(a, 8)
+    busy(a, 8)
     b_report = b.state.local_report(0.0)
     a.state.view.upsert(b_report, 0.0)  # received at t=0
     a.submit(m.TaskSpec(id="s1", argv=("x",)))
@@ -163,7 +150,7 @@ def test_a_constrained_task_whose_directory_no_eligible_node_has_fails_too() -> 
         n.state.admission_hook = lambda s, n=n: (
             f"working directory {s.cwd} does not exist on node {n.name}"
         )
-    _gossip(a, b, c)
+    gossip(a, b, c)
     a.submit(m.TaskSpec(id="c3", argv=("x",), cwd="/nowhere", constraints=("pool=x",)))
     a.run(a.state.place("c3", 0.0, 0.0))
     for _ in range(10):
