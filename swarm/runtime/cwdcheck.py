@@ -39,6 +39,11 @@ def cwd_refusal(
     # (symlinks followed, then ".."), must be a chain of directories the user may
     # search; judging a symlink by its target alone would let a link under the user's
     # home say whether something exists below /root.
+    real = os.path.realpath(cwd)
+    if real == os.path.normpath(cwd) and ".." not in cwd.split("/"):
+        # no symlink and no "..": the path as written is the one the kernel walks (the
+        # common case, on the submit-to-start path: one walk, not one per prefix)
+        return None if _chain_searchable(real, uid, gids) else missing
     prefix = ""
     for part in ["", *(p for p in cwd.split("/") if p)]:
         prefix = f"{prefix}/{part}" if part else "/"
