@@ -6,6 +6,7 @@ only swarm.wire.WireError subclasses.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from . import limits as lim
@@ -305,6 +306,19 @@ def _labels(obj: list[Any]) -> tuple[tuple[str, str], ...]:
         if not isinstance(x[0], str):
             raise SchemaError(f"load report: labels: key {x[0]!r:.40}: a key {KEY_RULE}")
         pairs.append((x[0], x[1]))
+    if all(isinstance(v, str) for _, v in pairs):
+        return _checked_labels(tuple(pairs))
+    return _check_labels(tuple(pairs))  # raises, naming the bad value
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_labels(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """Labels change only when an operator edits them, while every report carries
+    them: each distinct set is checked once (a bad one raises, and is not cached)."""
+    return _check_labels(pairs)
+
+
+def _check_labels(pairs: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, str], ...]:
     try:
         labels = check_labels(dict(pairs), "load report: labels")
     except ConstraintError as e:
