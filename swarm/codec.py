@@ -262,6 +262,8 @@ def load_report_to_wire(r: m.LoadReport) -> dict[str, Any]:
         "usage": [list(u) for u in r.usage],
         "labels": [list(x) for x in r.labels],
         "data": r.data,
+        "task_seconds": r.task_seconds,
+        "unmovable_seconds": r.unmovable_seconds,
     }
 
 
@@ -291,6 +293,8 @@ def load_report_from_wire(obj: Any) -> m.LoadReport:
         usage=_usage(f.list("usage")),
         labels=_labels(f.list("labels")),
         data=_digest(f.bytes("data", b"")),
+        task_seconds=f.float("task_seconds", 0.0, lo=0.0, hi=lim.MAX_REPORT_SECONDS),
+        unmovable_seconds=f.float("unmovable_seconds", 0.0, lo=0.0, hi=lim.MAX_REPORT_SECONDS),
     )
     f.done()
     return r

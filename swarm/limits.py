@@ -21,3 +21,7 @@ MAX_REPORT_PRINCIPALS = 12  # usage entries in one load report (the rest summed)
 # bytes the three fields above may take (a load report must fit its share of a
 # 1,400-byte gossip datagram, about 660 bytes, next to up to 8 GPUs' summaries)
 REPORT_SHARE_BYTES = 300
+# a load report's task_seconds and unmovable_seconds (issue 25): the agent reports at
+# most this (a record started at time 0 summed over many tasks must not make its
+# report undecodable), peers refuse more
+MAX_REPORT_SECONDS = 1e12

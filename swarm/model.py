@@ -334,6 +334,15 @@ class LoadReport:
     # Bloom digest of the data keys it holds (policy.datakeys; b"" = none)
     labels: tuple[tuple[str, str], ...] = ()
     data: bytes = b""
+    # issue 25 (safe scale-in: remove the node that loses least work), as of the
+    # report's making (to a quarter second; its version is the wall clock in ms), each
+    # at most limits.MAX_REPORT_SECONDS: the seconds every task RUNNING here has run so
+    # far, summed (it grows by `running` a second after that), and the longest of them
+    # among the tasks that cannot migrate off this node (node.moves.never_moves:
+    # migrate=never, global tasks, CRIU where this node has none; 0 = none such).
+    # Neither makes a new report by itself (they always grow: changed_meaningfully).
+    task_seconds: float = 0.0
+    unmovable_seconds: float = 0.0
 
     @property
     def draining(self) -> bool:

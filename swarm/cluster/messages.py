@@ -177,6 +177,8 @@ _LOAD_SHORT: Mapping[str, str] = {
     "usage": "us",
     "labels": "lb",
     "data": "dk",
+    "task_seconds": "ts",
+    "unmovable_seconds": "um",
 }
 _LOAD_DEFAULTS: Mapping[str, Any] = model_codec.load_report_to_wire(
     m.LoadReport(node="", version=0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import limits as lim
 from .. import model as m
 from ..cluster import handoff as h
 from ..policy import gpu as gpupol
@@ -17,7 +18,7 @@ from ..policy import shares as sh
 from ..policy import transfer as tr
 from ..policy.view import LoadView
 from . import decide
-from .moves import keeps_state
+from .moves import keeps_state, never_moves
 from .records import TaskRecords
 
 S = m.TaskState
@@ -103,14 +104,33 @@ class LoadState:
         )
 
     def shared_fields(self, wall: float) -> dict[str, Any]:
-        """The report's bands, groups and usage (runqueue.py), refreshed at most every
-        quarter second (placement builds a local report per task, and these read the
-        whole queue), and at once after a start or an end here (`share_cache = None`:
-        a capped group's running count must not wait)."""
+        """The report's bands, groups and usage (runqueue.py) and its work figures
+        (work_fields), refreshed at most every quarter second (placement builds a local
+        report per task, and these read the whole queue or every running task), and at
+        once after a start or an end here (`share_cache = None`: a capped group's
+        running count must not wait)."""
         c = self.share_cache
         if c is None or not 0 <= wall - c[0] < 0.25:
-            c = self.share_cache = (wall, self.share_fields(wall))
+            c = self.share_cache = (wall, {**self.share_fields(wall), **self.work_fields(wall)})
         return c[1]
+
+    def work_fields(self, wall: float) -> dict[str, float]:
+        """The report's task_seconds and unmovable_seconds (issue 25): how long each
+        task RUNNING here has run so far, summed, and the longest of those that cannot
+        migrate off this node (moves.never_moves). A record's start is the wall clock
+        (no monotonic start is kept in the state), so a clock stepped back counts 0,
+        never a negative run."""
+        total = unmovable = 0.0
+        for tid in self.running:
+            t = self.records.active.get(tid)
+            if t is None or t.state is not S.RUNNING:
+                continue
+            ran = max(0.0, wall - (t.started_at if t.started_at is not None else wall))
+            total += ran
+            if ran > unmovable and never_moves(t.spec, self.criu):
+                unmovable = ran
+        cap = lim.MAX_REPORT_SECONDS
+        return {"task_seconds": min(total, cap), "unmovable_seconds": min(unmovable, cap)}
 
     def on_sample(self, sample: loadpol.HostSample, now: float) -> None:
         """A fresh host measurement: peak usage and Flex's over-commit factor follow."""
@@ -192,7 +212,10 @@ class LoadState:
 def changed_meaningfully(old: m.LoadReport, new: m.LoadReport) -> bool:
     """Worth a new gossip version now? Task counts, shares and GPU room always are;
     measured usage only when it moved noticeably (sampling noise is not news, and at
-    rest every agent would otherwise gossip a new report every second)."""
+    rest every agent would otherwise gossip a new report every second). The work
+    figures (task_seconds, unmovable_seconds) never are by themselves: they grow every
+    second while tasks run, and a reader ages them from the report's version; a start
+    or an end here, which changes them otherwise, changes `running` too."""
     if (
         old.shares != new.shares
         or old.reserved_shares != new.reserved_shares

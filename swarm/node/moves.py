@@ -251,3 +251,20 @@ class Round:
 def keeps_state(spec: m.TaskSpec) -> bool:
     """Does this task's migration carry a state directory (checkpoint or CRIU)?"""
     return spec.migrate in (MM.CHECKPOINT, MM.CRIU)
+
+
+def never_moves(spec: m.TaskSpec, criu_here: bool) -> bool:
+    """Can the migration policy never move this running task off this node, whatever
+    the load (issue 25: the work a scale-in of this node would lose)? So when:
+
+    - it opted out (migrate=never: Departures.eligible, policy.migration's NEVER),
+    - it is global (one copy on every node: never a move candidate),
+    - it migrates by CRIU and this node has no CRIU (policy.migration's NO_CRIU).
+
+    Checkpoint, restart and CRIU-with-CRIU tasks may move (a restart loses its run so
+    far: the report's task_seconds counts it). Limits that pass with time (a cooldown,
+    a suspect peer, a handoff not yet settled) do not count, nor max-moves (the move
+    book, not the node state, knows how often a task moved)."""
+    if spec.is_global or spec.migrate is MM.NEVER:
+        return True
+    return spec.migrate is MM.CRIU and not criu_here

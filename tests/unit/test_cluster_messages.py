@@ -126,6 +126,8 @@ def test_compact_load_leaves_defaults_out_and_round_trips() -> None:
         gpus=(m.GpuDeviceFree(1, 2, 3, 4),),
         isolation="cgroup1",
         criu=True,
+        task_seconds=14.0,
+        unmovable_seconds=10.0,
     )
     assert load_from_compact(load_to_compact(full)) == full
 
