@@ -27,7 +27,6 @@ from .runtime.localops import LocalOps
 from .runtime.metrics import MetricsServer
 from .runtime.moving import Migrator
 from .runtime.notify import Notifier
-from .runtime.retention import Retention
 from .runtime.routes import peer_routes
 from .runtime.runner import LocalRunner
 from .runtime.signals import Signals
@@ -98,15 +97,8 @@ class Agent:
             moves=moves,
         )
         self.migrator = made[0]
-        self.retention = Retention(
-            config.keep_finished_s,
-            self.journal,
-            self.table,
-            self.runner.log_paths,
-            partial(recovery.still_needed, self.coord, self.migrator, self.runner),
-            log=log,
-            on_forget=partial(recovery.forget_task_state, self.coord, self.journal),
-            clock=clock,
+        self.retention = startup.retention(
+            config, self.journal, self.table, self.runner, self.coord, self.migrator, clock, log
         )
         self.notifier = Notifier(clock=clock)
         api_stats = new_stats()
@@ -139,11 +131,14 @@ class Agent:
             clock=clock,
             log=log,
         )
+        self.scaler = startup.autoscaler(
+            config, self.cluster, self.journal, self.ops, self.coord, clock, log
+        )
         snapshot = partial(self.stats.snapshot, detail=True)
         self.metrics = MetricsServer(config.metrics, snapshot, log) if config.metrics else None
         self.api = ApiServer(
             config.socket,
-            self.ops.ops(),
+            self.ops.ops(extra={"scale": self.scaler.op_scale}),
             group=config.socket_group,
             log=log,
             clock=clock,
@@ -181,6 +176,7 @@ class Agent:
             coord=self.coord,
             migrator=self.migrator,
             ops=self.ops,
+            scaler=self.scaler,
             log=self.log,
         )
         await self.isolation.start()
@@ -197,6 +193,7 @@ class Agent:
                 # the peer RPC routes, once the parts that answer have started
                 self.cluster.rpc.update(peer_routes(self.coord, self.migrator, self.ops))
                 await nursery.start(self.retention.run)
+                await nursery.start(self.scaler.run)
                 nursery.start_soon(self.signals.run)
                 api_scope = trio.CancelScope()
 

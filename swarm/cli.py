@@ -538,6 +538,61 @@ def cmd_shares(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _ago(sec: float | None) -> str:
+    return "-" if sec is None else f"{sec:.0f}s ago"
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    """`swarm scale status`: each elastic pool as the local agent sees it."""
+    with _client(args) as c:
+        r = c.call("scale")
+    if args.json:
+        print(json.dumps(r))
+        return EXIT_OK
+    if not r["pools"]:
+        print("no elastic pools configured ([scale.NAME] in agent.toml)")
+        return EXIT_OK
+    for p in r["pools"]:
+        sel = " ".join(p["selector"]) or "every node"
+        print(
+            f"pool {p['pool']} ({sel}; {p['min_nodes']}-{p['max_nodes']} nodes,"
+            f" max-step {p['max_step']})"
+        )
+        who = "this node acts" if p["acting"] else f"actor: {p['owner'] or '-'}"
+        print(f"  seat: {who} (epoch {p['epoch']}): {p['seat']}")
+        d = p["decision"]
+        if d is not None:
+            print(f"  decision: {d['action']} {d['count'] or ''} -> {d['desired']}: {d['reason']}")
+        last = p["last_action"]
+        if last is not None:
+            print(f"  last action: {last['action']} {last['count']} ({_ago(last['ago'])})")
+        pend = p["pending"]
+        if pend is not None:
+            state = "running" if pend["running"] else f"retry in {pend['retry_in']:.0f}s"
+            nodes = " ".join(pend["nodes"])
+            print(
+                f"  hook: {pend['action']} {pend['count']} {nodes}"
+                f" attempt {pend['attempt']} {state}"
+            )
+        for v in p["draining"]:
+            shown = "drained" if v["drained"] else "drain asked"
+            print(f"  draining {v['node']}: {shown} {v['for']:.0f}s, {v['tasks']} tasks left")
+        if p["booting"]:
+            print(f"  booting: {p['booting']}")
+        for h in p["hooks"]:
+            res = "ok" if h["ok"] else h["error"]
+            nodes = " ".join(h["nodes"])
+            print(
+                f"  hook {h['action']} {h['count']} {nodes} (attempt {h['attempt']},"
+                f" {h['duration']:.1f}s, {_ago(h['ago'])}): {res}"
+            )
+            for line in h["output"].splitlines()[-5:]:
+                print(f"    | {line}")
+        for n in p["notes"]:
+            print(f"  note: {n}")
+    return EXIT_OK
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     with _client(args) as c:
         r = c.call("shares", drain=True)
@@ -826,6 +881,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sh = add("shares", cmd_shares, "show or set this node's shares (0 = drain)")
     sh.add_argument("shares", nargs="?", type=int, help="new share count")
+
+    sc = add("scale", cmd_scale, "elastic pools: the actor, its decision, drains and hooks")
+    sc.add_argument("what", choices=["status"], help="status: each pool as this agent sees it")
+    sc.add_argument("--json", action="store_true")
 
     add("drain", cmd_drain, "stop new work on this node (shares 0)")
     ud = add("undrain", cmd_undrain, "accept work again (the shares it had before drain)")

@@ -24,6 +24,7 @@ from .paths import default_paths as _default_paths
 from .policy.constraints import ConstraintError, check_labels
 from .policy.datakeys import DATA_KEY_RULE, valid_data_key
 from .policy.load import default_shares
+from .policy.scalepool import PoolConfigError, PoolSpec, parse_pools
 from .policy.sharing import Sharing, SharingError
 from .policy.sharing import parse as parse_sharing
 
@@ -150,8 +151,10 @@ class Config:
     data_dirs: list[str]
     data_delay: float
     report_max_age: float | None
+    scale: dict[str, Any]
     config_file: Path | None = None
     sharing: Sharing = attrs.field(factory=Sharing)
+    pools: tuple[PoolSpec, ...] = ()
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -273,7 +276,7 @@ def load_config(
         raise ConfigError("socket", f"path too long for a Unix socket ({values['socket']})")
     if not isinstance(values["gpus"], list):
         raise ConfigError("gpus", "must be a list of tables ([[gpus]])")
-    for key in ("priorities", "groups"):
+    for key in ("priorities", "groups", "scale"):
         if not isinstance(values[key], dict):
             raise ConfigError(key, f"must be a table ([{key}])")
     try:
@@ -291,4 +294,9 @@ def load_config(
     except SharingError as e:
         raise ConfigError(e.key, e.message) from None
     _check_where(values)
-    return Config(config_file=cfg_file, sharing=sharing, **values)
+    try:
+        pools = parse_pools(values["scale"])
+    except PoolConfigError as e:
+        key, _, msg = str(e).partition(": ")
+        raise ConfigError(key, msg) from None
+    return Config(config_file=cfg_file, sharing=sharing, pools=pools, **values)

@@ -153,6 +153,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("default-priority", "str", "normal", "the class of a task that names none"),
     Option("groups", "raw", {}, "accounting groups: [groups.NAME] tables", cli=False),
+    Option(
+        "scale",
+        "raw",
+        {},
+        "elastic pools: [scale.NAME] tables (the same on every agent; docs/operations.md)",
+        cli=False,
+    ),
     Option("preempt", "bool", True, "stop lower-class work when a higher class cannot start"),
     Option(
         "preempt-min-gap", "int", 1, "a task preempts only classes this far below it", _positive

@@ -70,7 +70,7 @@ class GlobalTaskIO:
                 d.cluster.broadcast_app(GLOBALS_KEY, wire_form)
             except ValueError as e:
                 d.log.warning("globals.too_large_for_gossip", error=str(e))
-            d.cluster.set_app_state({GLOBALS_KEY: wire_form})
+            d.cluster.set_app_state_part(GLOBALS_KEY, wire_form)
         self._kick.set()
 
     def merge(self, obj: Any) -> None:
@@ -85,13 +85,13 @@ class GlobalTaskIO:
             d.state.globals = merged
             d.journal.enqueue([PutKV(GLOBALS_KEY, merged.to_wire())])
             if d.cluster is not None:
-                d.cluster.set_app_state({GLOBALS_KEY: merged.to_wire()})
+                d.cluster.set_app_state_part(GLOBALS_KEY, merged.to_wire())
             self._kick.set()
 
     async def loop(self) -> None:
         d = self.driver
         if d.cluster is not None:
-            d.cluster.set_app_state({GLOBALS_KEY: d.state.globals.to_wire()})
+            d.cluster.set_app_state_part(GLOBALS_KEY, d.state.globals.to_wire())
         while True:
             # gossip, local changes and the node's timer (node/timers.py) kick this;
             # one sync at a time

@@ -73,10 +73,11 @@ class LocalOps:
         self._submitting: set[m.TaskId] = set()  # chosen ids between check and journal
         self.queue_ops = QueueOps(coord, runner, clock)
 
-    def ops(self) -> Ops:
-        """The handlers, by op name, for runtime/api.py."""
+    def ops(self, extra: dict[str, Any] | None = None) -> Ops:
+        """The handlers, by op name, for runtime/api.py (`extra`: other parts' ops)."""
         return Ops(
             unary={
+                **(extra or {}),
                 "submit": self.op_submit,
                 "status": self.op_status,
                 "list": self.op_list,
@@ -563,10 +564,23 @@ class Shares:
             raise RequestError(
                 "permission_denied", "only root or the agent's user may change shares"
             )
+        return await self._apply(value, drain, undrain, "shares")
+
+    async def set_drain(self, on: bool, why: str) -> dict[str, Any]:
+        """Drain or undrain at a peer's request (the autoscaler's scale-in: issue 25),
+        journaled like `swarm drain`; `why` goes into the journal's event."""
+        async with self._lock:
+            return await self._apply(None, on, not on, why)
+
+    async def _apply(
+        self, value: int | None, drain: bool, undrain: bool, why: str
+    ) -> dict[str, Any]:
         change = self.changes.decide(value, drain, undrain)
         if change is None:
             return self.changes.answer()
-        note = {"old": change.old, "new": change.new}
+        note: dict[str, Any] = {"old": change.old, "new": change.new}
+        if why != "shares":
+            note["why"] = why
         try:
             await self.journal.commit(
                 [

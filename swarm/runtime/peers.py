@@ -97,6 +97,7 @@ class ClusterNode(PeerRpc):
         self.transport: Transport | None = None
         self.membership: Membership | None = None
         self.rpc: dict[str, RpcHandler] = {}
+        self._app_parts: dict[str, Any] = {}  # the push-pull state, by key
         self._listeners: list[Callable[[Event], None]] = []  # membership events
         self._wake = trio.Event()
         self._send_q_send, self._send_q_recv = trio.open_memory_channel[Outgoing](10_000)
@@ -263,8 +264,20 @@ class ClusterNode(PeerRpc):
             self._wake.set()
 
     def set_app_state(self, obj: dict[str, Any] | None) -> None:
+        """Replace the whole state carried in every push-pull."""
+        self._app_parts = {} if obj is None else dict(obj)
         if self.membership is not None:
             self.membership.set_app_state(obj)
+
+    def set_app_state_part(self, key: str, obj: Any) -> None:
+        """Set (None: remove) one key of the push-pull state, keeping the others: the
+        global task set and each elastic pool's lease share it."""
+        if obj is None:
+            self._app_parts.pop(key, None)
+        else:
+            self._app_parts[key] = obj
+        if self.membership is not None:
+            self.membership.set_app_state(dict(self._app_parts) or None)
 
     # ------------------------------------------------------------- joining
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .. import model as m
 from ..logs import EventLog
 from ..policy.shares import ShareLedger
+from .autoscaler import Autoscaler
 from .driver import Driver
 from .executor import kill_orphan
 from .journal import DelKV, DelProc, Journal
@@ -30,6 +31,7 @@ def recover(
     migrator: Migrator,
     ops: LocalOps,
     log: EventLog,
+    scaler: Autoscaler | None = None,
 ) -> None:
     """Kill the processes a previous run left (their tasks run again), restore the
     parts' journaled state (the shares before the records they admit), then: a
@@ -45,6 +47,8 @@ def recover(
     table.load(rec.active)
     coord.restore(rec.kv)
     migrator.restore(rec.kv)
+    if scaler is not None:
+        scaler.restore(rec.kv)  # elastic pools: the last action, the nodes draining
     requeued = 0
     S = m.TaskState
     for t in rec.active:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -25,8 +26,9 @@ from ..policy import datakeys
 from ..policy import gpu as gpupol
 from ..policy.constraints import merge_labels
 from ..policy.shares import ShareLedger
-from . import exechelper, hostfacts
+from . import exechelper, hostfacts, recovery
 from . import gpu as gpu_runtime
+from .autoscaler import Autoscaler
 from .clock import Clock
 from .driver import Driver
 from .effects import MoveHooks
@@ -34,8 +36,10 @@ from .gpu import Inventory
 from .isolation import Identities, IsolationError, TaskIsolation
 from .isolation import detect as detect_cgroups
 from .journal import Journal
+from .localops import LocalOps
 from .moving import Migrator, settings_for
 from .peers import ClusterNode
+from .retention import Retention
 from .runner import LocalRunner
 from .tasks import TaskTable
 
@@ -306,3 +310,40 @@ def migrator_factory(
         return made[-1]
 
     return build
+
+
+def retention(
+    config: Config,
+    journal: Journal,
+    table: TaskTable,
+    runner: LocalRunner,
+    coord: Driver,
+    migrator: Migrator,
+    clock: Clock,
+    log: EventLog,
+) -> Retention:
+    """Retention of finished records, asking the node's rules (recovery.py) what it may
+    forget and what goes with a forgotten task."""
+    return Retention(
+        config.keep_finished_s,
+        journal,
+        table,
+        runner.log_paths,
+        partial(recovery.still_needed, coord, migrator, runner),
+        log=log,
+        on_forget=partial(recovery.forget_task_state, coord, journal),
+        clock=clock,
+    )
+
+
+def autoscaler(
+    config: Config,
+    cluster: ClusterNode,
+    journal: Journal,
+    ops: LocalOps,
+    coord: Driver,
+    clock: Clock,
+    log: EventLog,
+) -> Autoscaler:
+    """The elastic pools' loop (idle when no [scale.NAME] table is configured)."""
+    return Autoscaler(config.pools, cluster, journal, ops.shares, coord.local_report, clock, log)
