@@ -102,6 +102,36 @@ TABLES: dict[str, list[str]] = {
         '#parent = "research"',
         "#weight = 2.0                 # fair-share weight (the queue ranks users: no effect yet)",
     ],
+    "scale": [
+        "# An elastic pool per table: the nodes its selector matches grow and shrink through",
+        "# the operator's hook commands (docs/operations.md, Elastic fleets; an example hook:",
+        "# deploy/scale-hook.example.sh). Give every agent the same tables: the pool's actor",
+        "# is chosen among all live agents, and one without the table never acts. Default:",
+        "# no tables. Each key is shown with its default, except the two commands (required).",
+        '# Durations: 30, "30s", "5m", "2h", "1d".',
+        "#[scale]",
+        "#[scale.default]",
+        "#selector = []                # label constraints (as --constraint); [] = every node",
+        "#min-nodes = 0",
+        "#max-nodes = 10               # booting and draining nodes count",
+        "#target-utilisation = 0.7     # (running + queued) / slots the pool aims at",
+        "#tolerance = 0.1              # no change while |utilisation / target - 1| <= this",
+        '#scale-out-window = "0s"      # grow to the lowest recommendation of this window',
+        '#scale-in-window = "5m"       # shrink to the highest recommendation of this window',
+        '#out-cooldown = "1m"          # after the last action, before a scale-out',
+        '#in-cooldown = "5m"           # after the last action, before a scale-in',
+        "#max-step = 4                 # nodes one action adds or removes; nodes draining at once",
+        '#max-view-age = "30s"         # an older view of the pool decides nothing',
+        "#slots-per-node = 0           # a new node's slots; 0 = the pool's mean",
+        '#scale-out-command = "/etc/swarm/scale-hook.sh"   # required; run with /bin/sh -c',
+        '#scale-in-command = "/etc/swarm/scale-hook.sh"    # required',
+        '#hook-timeout = "5m"          # one attempt; then its process group is killed',
+        "#hook-retries = 3             # retries after a failed first attempt (0-100)",
+        '#hook-backoff = "10s"         # before the first retry, doubled for each further one',
+        '#drain-grace = "10m"          # how long a drained victim\'s tasks get before removal',
+        '#boot-timeout = "10m"         # a launched node counts as booting until it joins',
+        '#lease-ttl = "15s"            # the actor\'s lease, renewed every third of it',
+    ],
 }
 
 HEADER = """\
@@ -149,6 +179,10 @@ def block(opt: Option) -> list[str]:
         return lines
     if opt.name in TABLES:
         return lines + TABLES[opt.name]
+    if isinstance(opt.default, dict):
+        raise SystemExit(
+            f"gen_agent_toml: option {opt.name!r} is a table: add its example to TABLES"
+        )
     if opt.name in SHOWN:
         lines.append(f"#{opt.name} = {SHOWN[opt.name]}   # default: none")
     elif opt.default is None:
