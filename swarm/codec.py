@@ -264,6 +264,7 @@ def load_report_to_wire(r: m.LoadReport) -> dict[str, Any]:
         "data": r.data,
         "task_seconds": r.task_seconds,
         "unmovable_seconds": r.unmovable_seconds,
+        "homing": r.homing,
     }
 
 
@@ -295,6 +296,7 @@ def load_report_from_wire(obj: Any) -> m.LoadReport:
         data=_digest(f.bytes("data", b"")),
         task_seconds=f.float("task_seconds", 0.0, lo=0.0, hi=lim.MAX_REPORT_SECONDS),
         unmovable_seconds=f.float("unmovable_seconds", 0.0, lo=0.0, hi=lim.MAX_REPORT_SECONDS),
+        homing=f.int("homing", 0, lo=0, hi=1 << 31),
     )
     f.done()
     return r

@@ -343,6 +343,10 @@ class LoadReport:
     # Neither makes a new report by itself (they always grow: changed_meaningfully).
     task_seconds: float = 0.0
     unmovable_seconds: float = 0.0
+    # unfinished tasks whose home is this node, wherever they run: removing the node
+    # would leave them without the node that acknowledges their results (issue 19),
+    # so a scale-in waits for them (node/scaling.py). A change is news (gossiped).
+    homing: int = 0
 
     @property
     def draining(self) -> bool:

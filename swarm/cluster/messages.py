@@ -179,6 +179,7 @@ _LOAD_SHORT: Mapping[str, str] = {
     "data": "dk",
     "task_seconds": "ts",
     "unmovable_seconds": "um",
+    "homing": "hm",
 }
 _LOAD_DEFAULTS: Mapping[str, Any] = model_codec.load_report_to_wire(
     m.LoadReport(node="", version=0)

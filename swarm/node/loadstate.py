@@ -114,7 +114,7 @@ class LoadState:
             c = self.share_cache = (wall, {**self.share_fields(wall), **self.work_fields(wall)})
         return c[1]
 
-    def work_fields(self, wall: float) -> dict[str, float]:
+    def work_fields(self, wall: float) -> dict[str, float | int]:
         """The report's task_seconds and unmovable_seconds (issue 25): how long each
         task RUNNING here has run so far, summed, and the longest of those that cannot
         migrate off this node (moves.never_moves). A record's start is the wall clock
@@ -130,7 +130,17 @@ class LoadState:
             if ran > unmovable and never_moves(t.spec, self.criu):
                 unmovable = ran
         cap = lim.MAX_REPORT_SECONDS
-        return {"task_seconds": min(total, cap), "unmovable_seconds": min(unmovable, cap)}
+        # unfinished tasks homed here (global tasks have no home to lose)
+        homing = sum(
+            1
+            for t in self.records.active.values()
+            if t.spec.home in ("", self.node) and not t.spec.is_global and not t.state.terminal
+        )
+        return {
+            "task_seconds": min(total, cap),
+            "unmovable_seconds": min(unmovable, cap),
+            "homing": homing,
+        }
 
     def on_sample(self, sample: loadpol.HostSample, now: float) -> None:
         """A fresh host measurement: peak usage and Flex's over-commit factor follow."""
@@ -228,6 +238,7 @@ def changed_meaningfully(old: m.LoadReport, new: m.LoadReport) -> bool:
         or old.criu != new.criu
         or old.bands != new.bands
         or old.groups != new.groups
+        or old.homing != new.homing
     ):
         return True
     if usage_moved(old.usage, new.usage):

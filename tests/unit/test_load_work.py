@@ -99,6 +99,7 @@ def test_a_clock_stepped_back_counts_no_negative_run_and_the_figures_are_capped(
     assert n.state.work_fields(2e12) == {
         "task_seconds": lim.MAX_REPORT_SECONDS,
         "unmovable_seconds": lim.MAX_REPORT_SECONDS,
+        "homing": 1,  # the running task is homed here
     }
 
 
@@ -184,3 +185,15 @@ reports = st.builds(
 def test_any_report_round_trips_through_both_forms(r: m.LoadReport) -> None:
     assert codec.load_report_from_wire(wire.unpack(wire.pack(codec.load_report_to_wire(r)))) == r
     assert load_from_compact(wire.unpack(wire.pack(load_to_compact(r)))) == r
+
+
+def test_homing_counts_unfinished_tasks_homed_here_and_is_news() -> None:
+    """A scale-in victim must not be the home of unfinished work (issue 25): the
+    report counts it, and a change of the count is gossiped at once."""
+    n = node()
+    start(n, spec("a", MM.CHECKPOINT), wall=100.0)
+    r = n.state.local_report(101.0)
+    assert r.homing == 1
+    assert changed_meaningfully(r, attrs.evolve(r, homing=0))
+    back = load_from_compact(load_to_compact(r))
+    assert back.homing == 1
