@@ -9,7 +9,18 @@ metric per pod, for a pool of nodes instead of a set of replicas:
   ``|utilisation / target - 1| <= tolerance`` (HPA's tolerance, default 0.1), clamped
   to ``[min_nodes, max_nodes]``. Nodes added are `slots_per_node` large (default: the
   pool's mean); a pool with no slots and some demand gets enough nodes for the demand
-  at the target (one more node at a time while no node size is known).
+  at the target (one more node at a time while no node size is known). Below the
+  band, the count that removes nodes is HPA's formula at `scale_in_utilisation`
+  (default 0.5, the Kubernetes cluster autoscaler's scale-down-utilization-threshold)
+  instead of the target, never above the current count: a pool is shrunk only while
+  its utilisation is below that threshold, and only to where the demand sits at it.
+  HPA lands a scale-in at the target, one tolerance (10 %) below the next scale-out;
+  the noise of a small pool's demand (Poisson, about 1 / sqrt(busy slots): 17 % at 35)
+  and a burst's first minutes cross that margin before the scale-in window can tell,
+  and the pool grows back right after shrinking (a flap: experiment 10, `swarm sim
+  elastic`). Landing at 0.5 for a target of 0.7 needs the demand to rise by
+  0.77 / 0.5 - 1 = 54 % before the next scale-out. Set it to the target (or above)
+  for HPA's own scale-in.
 - **Stabilisation** (`ScaleState`, `decide`): every fresh recommendation is kept for
   the longest window. The count moves up only to the *lowest* recommendation of the
   last `scale_out_window` seconds and down only to the *highest* of the last
@@ -106,6 +117,10 @@ class ScaleConfig:
     max_step: int = 4  # nodes added or removed by one action; nodes draining at once
     max_view_age: float = 30.0  # s: an older view decides nothing
     slots_per_node: float | None = None  # a new node's slots; None: the pool's mean
+    # a scale-in only while utilisation is below this, and only down to where the demand
+    # sits at it (the cluster autoscaler's scale-down-utilization-threshold); a value
+    # above target_utilisation acts as the target (HPA: a scale-in lands at the target)
+    scale_in_utilisation: float = 0.5
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.pool, str) or not self.pool:
@@ -130,6 +145,16 @@ class ScaleConfig:
         _real("max_view_age", self.max_view_age, 0.0, open_lo=True)
         if self.slots_per_node is not None:
             _real("slots_per_node", self.slots_per_node, 0.0, open_lo=True)
+        _real("scale_in_utilisation", self.scale_in_utilisation, 0.0, open_lo=True)
+        if self.scale_in_utilisation > 1:
+            raise ValueError(
+                f"scale_in_utilisation: must be in (0, 1], got {_g(self.scale_in_utilisation)}"
+            )
+
+    @property
+    def in_utilisation(self) -> float:
+        """The utilisation a scale-in lands at: `scale_in_utilisation`, at most the target."""
+        return min(self.scale_in_utilisation, self.target_utilisation)
 
     @property
     def horizon(self) -> float:
@@ -222,7 +247,10 @@ def _unclamped(view: PoolView, cfg: ScaleConfig) -> int:
         size = _node_size(view, cfg)
         assert size is not None
         return view.nodes + _ceil((demand / target - view.slots) / size)
-    return _ceil(view.nodes * ratio)  # HPA's formula: remove nodes of the mean size
+    # below the band: HPA's formula (nodes of the mean size removed) at the scale-in
+    # utilisation, never a reason to add (between it and the band the count holds)
+    at = cfg.in_utilisation
+    return min(view.nodes + view.booting, _ceil(view.nodes * demand / (view.slots * at)))
 
 
 def recommend(view: PoolView, cfg: ScaleConfig) -> int:
@@ -230,7 +258,9 @@ def recommend(view: PoolView, cfg: ScaleConfig) -> int:
 
     HPA's ``ceil(current * utilisation / target)`` with its tolerance band, driven by
     demand: with no slots and some demand, enough nodes of `slots_per_node` for the
-    demand at the target; zero demand recommends `min_nodes`. Always within
+    demand at the target; below the band, ``ceil(current * utilisation /
+    in_utilisation)`` capped at the current count (so a scale-in leaves the pool at or
+    below `scale_in_utilisation`); zero demand recommends `min_nodes`. Always within
     ``[min_nodes, max_nodes]``.
     """
     return min(cfg.max_nodes, max(cfg.min_nodes, _unclamped(view, cfg)))
@@ -335,10 +365,13 @@ def _describe(view: PoolView, cfg: ScaleConfig, raw: int) -> str:
     util = "inf" if math.isinf(u) else f"{u:.2f}"
     drain = f" (+{view.booting} booting)" if view.booting else ""
     drain += f" (+{view.draining} draining)" if view.draining else ""
+    target = f"target {cfg.target_utilisation:.2f}"
+    if cfg.in_utilisation < cfg.target_utilisation:
+        target += f" (scale-in to {cfg.in_utilisation:.2f})"
     return (
         f"pool {cfg.pool}: {view.nodes} nodes{drain}, utilisation {util} = "
         f"({_g(view.running)} running + {_g(view.queued)} queued) / {_g(view.slots)} slots, "
-        f"target {cfg.target_utilisation:.2f}; recommends {raw}"
+        f"{target}; recommends {raw}"
     )
 
 

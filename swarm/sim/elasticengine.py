@@ -71,6 +71,7 @@ class ElasticConfig:
     fixed: int = 0  # nodes of a fixed fleet
     target: float = 0.7
     in_window: float = 300.0
+    in_util: float | None = None  # ScaleConfig.scale_in_utilisation; None: its default
 
     @property
     def base_rate(self) -> float:
@@ -88,13 +89,18 @@ class ElasticConfig:
         return max(self.min_nodes, math.ceil(rate * self.service / (self.slots * self.target)))
 
     def scale(self) -> ScaleConfig:
-        return ScaleConfig(
+        """The `ScaleConfig` of swarm and central alike: the agent's defaults but for
+        the pool's bounds, target, scale-in window and node size."""
+        cfg = ScaleConfig(
             min_nodes=self.min_nodes,
             max_nodes=self.max_nodes,
             target_utilisation=self.target,
             scale_in_window=self.in_window,
             slots_per_node=float(self.slots),
         )
+        if self.in_util is not None:
+            cfg = attrs.evolve(cfg, scale_in_utilisation=self.in_util)
+        return cfg
 
 
 def workload(cfg: ElasticConfig) -> tuple[int, list[tuple[float, float]]]:
@@ -159,11 +165,19 @@ class ElasticResult:
         return sum(1 for d in self.decisions if d.action == "in")
 
 
+def reversals(decisions: tuple[Decision, ...] | list[Decision]) -> list[tuple[Decision, Decision]]:
+    """Consecutive actions in opposite directions (in then out, or out then in)."""
+    return [(a, b) for a, b in itertools.pairwise(decisions) if a.action != b.action]
+
+
 def flaps(decisions: tuple[Decision, ...] | list[Decision], window: float) -> int:
     """Reversals (in then out, or out then in) less than `window` seconds apart."""
-    return sum(
-        1 for a, b in itertools.pairwise(decisions) if a.action != b.action and b.at - a.at < window
-    )
+    return sum(1 for a, b in reversals(decisions) if b.at - a.at < window)
+
+
+def closest_reversal(decisions: tuple[Decision, ...] | list[Decision]) -> float:
+    """Seconds between the two actions of the quickest reversal; inf with none."""
+    return min((b.at - a.at for a, b in reversals(decisions)), default=math.inf)
 
 
 @attrs.define

@@ -239,6 +239,51 @@ ROWS = [
     ),
     # a stale view decides nothing
     Row("a view too old", 4, 100, ("none", 0, 4), "view too old (31 s > max 30 s)", age=31.0),
+    # scale_in_utilisation (0.5) below the target (0.7): the band is [0.63, 0.77]
+    Row(
+        "below the band but above scale_in_utilisation: holds",
+        10,
+        60,
+        ("none", 0, 10),
+        "target 0.70 (scale-in to 0.50); recommends 10",  # HPA: ceil(10 * 0.6 / 0.7) = 9
+        history=((700.0, 10),),
+        cfg={"target_utilisation": 0.7},
+    ),
+    Row(
+        "below scale_in_utilisation: in to where the demand sits at it",
+        10,
+        40,
+        ("in", 2, 8),
+        "recommends 8; scale in by 2 to 8",  # ceil(40 / (10 * 0.5))
+        history=((700.0, 8),),
+        cfg={"target_utilisation": 0.7},
+    ),
+    Row(
+        "scale_in_utilisation at the target is HPA's scale-in",
+        10,
+        40,
+        ("in", 4, 6),
+        "target 0.70; recommends 6",  # ceil(10 * 0.4 / 0.7)
+        history=((700.0, 6),),
+        cfg={"target_utilisation": 0.7, "scale_in_utilisation": 0.7},
+    ),
+    Row(
+        "scale_in_utilisation above the target acts as the target",
+        10,
+        40,
+        ("in", 4, 6),
+        "recommends 6",
+        history=((700.0, 6),),
+        cfg={"target_utilisation": 0.7, "scale_in_utilisation": 0.9},
+    ),
+    Row(
+        "scale-out is HPA's at the target whatever scale_in_utilisation",
+        10,
+        80,
+        ("out", 2, 12),
+        "scale out by 2 to 12",  # ceil((80 / 0.7 - 100) / 10)
+        cfg={"target_utilisation": 0.7, "scale_in_utilisation": 0.3},
+    ),
 ]
 
 
@@ -344,6 +389,10 @@ def test_config_errors_name_the_field() -> None:
         ({"slots_per_node": 0.0}, "slots_per_node"),
         ({"pool": ""}, "pool"),
         ({"max_nodes": True}, "max_nodes"),
+        ({"scale_in_utilisation": 0.0}, "scale_in_utilisation"),
+        ({"scale_in_utilisation": 1.5}, "scale_in_utilisation"),
+        ({"scale_in_utilisation": float("nan")}, "scale_in_utilisation"),
+        ({"scale_in_utilisation": "0.5"}, "scale_in_utilisation"),
     ]
     for kw, field in bad:
         with pytest.raises(ValueError, match=rf"^{field}: "):
@@ -362,10 +411,56 @@ def test_recommend_is_hpa_driven_by_demand() -> None:
     assert recommend(PoolView(3, 30.0, 0.7 * 3 * 10 * 0.5 / 0.7), cfg) == 3
 
 
+def test_scale_in_utilisation_default_and_bounds() -> None:
+    """The cluster autoscaler's scale-down-utilization-threshold by default; never above
+    the target, where it is HPA's own scale-in."""
+    assert ScaleConfig().scale_in_utilisation == 0.5
+    assert ScaleConfig().in_utilisation == 0.5
+    assert ScaleConfig(target_utilisation=0.4).in_utilisation == 0.4
+    assert ScaleConfig(scale_in_utilisation=1.0).in_utilisation == 0.7
+    hpa = attrs.evolve(BASE, target_utilisation=0.7, scale_in_utilisation=0.7, min_nodes=0)
+    ca = attrs.evolve(hpa, scale_in_utilisation=0.5)
+    # 10 nodes of 10 slots: demand 45 is 0.45, below both
+    assert recommend(PoolView(10, 100.0, 45.0), hpa) == 7  # ceil(10 * 0.45 / 0.7)
+    assert recommend(PoolView(10, 100.0, 45.0), ca) == 9  # ceil(45 / 5)
+    # between 0.5 and the band's lower edge 0.63 the default holds; HPA removes
+    assert recommend(PoolView(10, 100.0, 55.0), ca) == 10
+    assert recommend(PoolView(10, 100.0, 55.0), hpa) == 8
+    # booting nodes count in the count held, not as a reason to add
+    assert recommend(PoolView(6, 48.0, 30.0, booting=2), attrs.evolve(ca, max_nodes=20)) == 8
+
+
+def test_a_dip_then_a_rise_flaps_with_hpa_landing_only() -> None:
+    """6 nodes of 8 slots at the target (demand 33 of 48, 0.69). (a) The demand dips to
+    26 (0.54) for 400 s, then comes back to 33: HPA's scale-in lands at 5 nodes
+    (ceil(6 * 0.54 / 0.7)), where 33 is 0.83, above the band, and it scales out again
+    within the window (a flap); with scale_in_utilisation 0.5 the dip is above 0.5 and
+    nothing moves. (b) A deeper dip, to 16 (0.33), then a rise by half, to 24: HPA
+    lands at 3 nodes (ceil(6 * 0.33 / 0.7)), where 24 is 1.0, and scales out again; the
+    default lands at 4 (16 at 0.5), where 24 is 0.75, inside the band: it stays."""
+    cfg = attrs.evolve(BASE, target_utilisation=0.7, min_nodes=1)
+    hpa = attrs.evolve(cfg, scale_in_utilisation=0.7)
+
+    def trace(dip: float, after: float) -> list[float]:
+        return [33.0] * 27 + [dip] * 27 + [after] * 60  # 15 s ticks
+
+    for dip, after, flap in (
+        (26.0, 33.0, [("in", 1), ("out", 1)]),
+        (16.0, 24.0, [("in", 3), ("out", 2)]),
+    ):
+        actions, _, _ = _simulate(hpa, 8.0, 6, trace(dip, after))
+        assert [(a, c) for _, a, c in actions] == flap
+        assert actions[1][0] - actions[0][0] < hpa.scale_in_window
+    actions, final, _ = _simulate(cfg, 8.0, 6, trace(26.0, 33.0))
+    assert actions == [] and final == 6
+    actions, final, _ = _simulate(cfg, 8.0, 6, trace(16.0, 24.0))
+    assert [(a, c) for _, a, c in actions] == [("in", 2)] and final == 4
+
+
 # ----------------------------------------------------------------- properties
 
 configs = st.builds(
-    lambda lo, span, target, tol, win_out, win_in, cd_out, cd_in, step, spn: ScaleConfig(
+    lambda lo, span, target, tol, win_out, win_in, cd_out, cd_in, step, spn, u_in: ScaleConfig(
         min_nodes=lo,
         max_nodes=lo + span,
         target_utilisation=target,
@@ -376,6 +471,7 @@ configs = st.builds(
         in_cooldown=cd_in,
         max_step=step,
         slots_per_node=spn,
+        scale_in_utilisation=u_in,
     ),
     st.integers(0, 5),
     st.integers(0, 30),
@@ -387,6 +483,7 @@ configs = st.builds(
     st.sampled_from([0.0, 60.0, 300.0]),
     st.integers(1, 6),
     st.none() | st.integers(1, 16).map(float),
+    st.sampled_from([0.5, 1.0]) | st.floats(0.05, 1.0),
 )
 views = st.builds(
     PoolView,
@@ -432,6 +529,30 @@ def test_desired_stays_in_bounds_and_steps_are_bounded(
         assert after == state  # a stale view is not recorded
     else:
         assert all(NOW - t < cfg.horizon for t, _ in after.history[:-1])
+
+
+@settings(max_examples=300)
+@given(
+    configs,
+    st.integers(1, 40),
+    st.integers(1, 16).map(float),
+    st.integers(1, 1000),
+)
+def test_a_scale_in_lands_at_or_below_scale_in_utilisation_and_stays(
+    cfg: ScaleConfig, nodes: int, size: float, permille: int
+) -> None:
+    """A recommendation below the count leaves the demand at or below
+    `in_utilisation` on the nodes kept (of the pool's mean size), and a pool of that
+    many nodes with the same demand recommends itself: no scale-out follows unless the
+    demand rises."""
+    cfg = attrs.evolve(cfg, min_nodes=0, max_nodes=max(cfg.max_nodes, nodes))
+    demand = nodes * size * permille / 1000
+    r = recommend(PoolView(nodes, nodes * size, demand), cfg)
+    assert r <= nodes or demand > nodes * size * cfg.target_utilisation
+    if r >= nodes:
+        return
+    assert demand <= r * size * cfg.in_utilisation * (1 + 1e-9)
+    assert r == 0 or recommend(PoolView(r, r * size, demand), cfg) == r
 
 
 def _simulate(
