@@ -33,8 +33,19 @@ class HelperUnavailable(Exception):
 
 def build(bin_dir: Path) -> Path:
     """The helper for this source, compiled into `bin_dir` unless already there."""
-    src = SOURCE.read_bytes()
-    out = bin_dir / f"swarm-exec-{hashlib.sha256(src).hexdigest()[:16]}"
+    return build_program(SOURCE, "swarm-exec", bin_dir)
+
+
+def build_program(source: Path, stem: str, bin_dir: Path) -> Path:
+    """One of the agent's small C programs (swarm-exec, swarm-shim), compiled into
+    `bin_dir` as `STEM-HASH` unless already there: once per source version, in a
+    private directory of the agent's user, never trusting a file someone else could
+    have changed. Raises HelperUnavailable saying why it cannot."""
+    try:
+        src = source.read_bytes()
+    except OSError as e:
+        raise HelperUnavailable(f"cannot read {source}: {e}") from None
+    out = bin_dir / f"{stem}-{hashlib.sha256(src).hexdigest()[:16]}"
     try:
         bin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(bin_dir)
@@ -50,7 +61,7 @@ def build(bin_dir: Path) -> Path:
     tmp = bin_dir / f".{out.name}.{os.getpid()}"
     try:
         r = subprocess.run(
-            [cc, "-O2", "-o", str(tmp), str(SOURCE)],
+            [cc, "-O2", "-o", str(tmp), str(source)],
             capture_output=True,
             text=True,
             timeout=120,
