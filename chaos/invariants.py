@@ -17,9 +17,10 @@ from typing import Any
 import attrs
 
 from swarm import model as m
+from swarm.cluster.actor import bound_double_action as bound_double_action
 from swarm.policy.constraints import Constraint, ConstraintError, parse_constraints, unmet
 
-from .journals import JournalData, SharesEvent, TransitionEvent
+from .journals import JournalData, ScaleEvent, SharesEvent, TransitionEvent
 
 ACKED = "acked-task-terminal"
 ONE_RESULT = "one-recorded-result"
@@ -42,6 +43,11 @@ PRIORITY = (ONE_AT_A_TIME, RECORDED, RERUN, PREEMPT_RECORDED, PREEMPTED)
 
 # checked only in scenarios whose nodes carry labels (and whose tasks constraints)
 CONSTRAINT = "constraint-respected"
+
+# checked only in scenarios whose agents carry an elastic pool (`elastic`, issue 25)
+SCALE_DOUBLE = "scale-double-action"
+SCALE_IDLE = "scale-in-victim-idle"
+SCALE = (SCALE_DOUBLE, SCALE_IDLE)
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
@@ -694,6 +700,252 @@ def logged_preemptions(node: str, text: str) -> list[LoggedPreemption]:
         except (KeyError, ValueError):
             continue
     return out
+
+
+# ---------------------------------------------------------------- elastic
+#
+# The elastic scenario's agents carry one `[scale.NAME]` pool whose hooks only record
+# their calls (chaos.elastic: wall time, action, nodes, actor, epoch, attempt). A
+# scale-in's actor journals a `scale` event naming its victims when it decides and
+# drains them, and runs the scale-in hook once their reports show no work (or after
+# the drain grace); it journals another (`scale-in hook done`) when the hook succeeds.
+# During a partition each side elects its own actor: `bound_double_action(max_step,
+# partitions)` is the stated cost.
+
+HOOK_DONE = "scale-in hook done"  # the reason of the `scale` event after a hook's success
+CUT_KINDS = frozenset({"split", "isolate"})  # faults that add a side to the cluster
+HANDED_OFF = "handed off to"  # a task whose home moved: no longer the victim's business
+DECISION_SLACK = 0.5  # s: a decision journaled this much after the hook still names it
+
+
+@attrs.frozen
+class HookCall:
+    """One call of a pool's hook, as the recorder wrote it (its own wall time)."""
+
+    at: float
+    action: str  # "out" | "in"
+    nodes: tuple[str, ...]  # SWARM_SCALE_NODES: the victims of a scale-in
+    actor: str
+    epoch: int
+    attempt: int = 0
+    count: int = 0
+    pool: str = ""
+
+
+@attrs.frozen
+class Removal:
+    """A node a scale-in hook call named, timed by the action that chose it: its
+    actor's journaled decision (`decided_by` names that journal), or the hook's own
+    time when no journal shows one."""
+
+    node: str
+    at: float
+    hook_at: float
+    actor: str  # who ran the hook
+    epoch: int
+    decided_by: str = ""
+
+
+def scale_decisions(journals: Mapping[str, JournalData]) -> list[ScaleEvent]:
+    """Every scale-in decision (victims chosen, drains begun) in every journal."""
+    return sorted(
+        (
+            e
+            for j in journals.values()
+            for e in j.scale
+            if e.action == "in" and e.reason != HOOK_DONE and e.nodes
+        ),
+        key=lambda e: (e.at, e.node, e.seq),
+    )
+
+
+def removals(calls: Iterable[HookCall], journals: Mapping[str, JournalData]) -> list[Removal]:
+    """The nodes the scale-in hook calls named, each at its action's time. A retry
+    (same actor, epoch and nodes as an earlier call) is the same action: counted once."""
+    decisions = scale_decisions(journals)
+    seen: set[tuple[str, int, tuple[str, ...]]] = set()
+    out: list[Removal] = []
+    for c in sorted(calls, key=lambda c: c.at):
+        if c.action != "in":
+            continue
+        key = (c.actor, c.epoch, c.nodes)
+        if key in seen:
+            continue
+        seen.add(key)
+        for n in c.nodes:
+            dec = None
+            for e in decisions:
+                if e.at > c.at + DECISION_SLACK:
+                    break
+                if n in e.nodes:
+                    dec = e  # the latest that named it before the hook
+            out.append(
+                Removal(
+                    n,
+                    c.at if dec is None else dec.at,
+                    c.at,
+                    c.actor,
+                    c.epoch,
+                    "" if dec is None else dec.node,
+                )
+            )
+    return sorted(out, key=lambda r: (r.at, r.node))
+
+
+def partitions_in_force(cuts: Iterable[FaultWindow], t0: float, t1: float, slack: float) -> int:
+    """Sides the cluster may have had between t0 and t1: one, plus one per cut (split,
+    isolate) active then, or healed less than `slack` seconds before t0 (until every
+    view has the other side back, each side's actor still acts alone)."""
+    return 1 + sum(1 for w in cuts if w.kind in CUT_KINDS and w.start < t1 and w.end + slack >= t0)
+
+
+@attrs.frozen
+class DoubleOutcome:
+    violations: tuple[Violation, ...]
+    removals: tuple[Removal, ...]
+    # partitions in force -> the most nodes removed within one in-cooldown window
+    peak: Mapping[int, int]
+    doubles: int  # windows with more than max_step nodes removed (allowed only while split)
+    repeated: tuple[str, ...] = ()  # nodes named by more than one scale-in action
+
+
+def check_double_action(
+    calls: Iterable[HookCall],
+    journals: Mapping[str, JournalData],
+    cuts: Sequence[FaultWindow],
+    *,
+    in_cooldown: float,
+    max_step: int,
+    slack: float,
+    tolerance: float = 0.5,
+) -> DoubleOutcome:
+    """In any in-cooldown window, the nodes named by scale-in hook calls (each at the
+    time of the action that chose it) are at most `bound_double_action(max_step,
+    partitions in force)`: `max_step` in a connected cluster, twice that while split
+    in two. Windows start at each removal and last `in_cooldown - tolerance` (one
+    actor's two actions are a cooldown apart on its monotonic clock; the journal
+    stamps them with the wall clock). A node named again by a later action counts
+    once (the bound is on nodes changed; the repeats are returned). A run whose
+    hooks never removed a node proves nothing, and says so."""
+    rs = removals(calls, journals)
+    out: list[Violation] = []
+    if not rs:
+        out.append(Violation(SCALE_DOUBLE, "", "no scale-in hook ran: nothing to judge"))
+    peak: dict[int, int] = {}
+    doubles = 0
+    reported: list[frozenset[str]] = []
+    for r in rs:
+        end = r.at + in_cooldown - tolerance
+        inside = [x for x in rs if r.at <= x.at < end]
+        nodes = frozenset(x.node for x in inside)
+        sides = partitions_in_force(cuts, r.at, r.at + in_cooldown, slack)
+        bound = bound_double_action(max_step, sides)
+        peak[sides] = max(peak.get(sides, 0), len(nodes))
+        if len(nodes) > max_step:
+            doubles += 1
+        if len(nodes) <= bound or any(nodes <= s for s in reported):
+            continue
+        reported.append(nodes)
+        shown = ", ".join(
+            f"{x.node} (chosen at {x.at:.3f}"
+            + (f" by {x.decided_by}" if x.decided_by else ", no decision journaled")
+            + f", hook by {x.actor} e{x.epoch} at {x.hook_at:.3f})"
+            for x in inside
+        )
+        out.append(
+            Violation(
+                SCALE_DOUBLE,
+                r.decided_by or r.actor,
+                f"{len(nodes)} nodes removed within {in_cooldown:g} s from {r.at:.3f} "
+                f"with {sides} side(s) in force: bound {bound} (max_step {max_step} x "
+                f"{sides}): {shown}",
+            )
+        )
+    named = Counter(x.node for x in rs)
+    repeated = tuple(sorted(n for n, k in named.items() if k > 1))
+    return DoubleOutcome(tuple(out), tuple(rs), peak, doubles, repeated)
+
+
+@attrs.frozen
+class IdleOutcome:
+    violations: tuple[Violation, ...]
+    judged: int  # removals whose victim's journal was read at its hook's time
+    after_grace: int  # removals whose hook ran after the drain grace (work allowed)
+    homed_elsewhere: int  # unfinished tasks homed at a victim, running elsewhere then
+
+
+def _state_at(evs: Sequence[TransitionEvent], t: float) -> TransitionEvent | None:
+    last = None
+    for e in evs:
+        if e.at <= t:
+            last = e
+    return last
+
+
+def check_victims_idle(
+    rs: Iterable[Removal], journals: Mapping[str, JournalData], *, drain_grace: float
+) -> IdleOutcome:
+    """When a scale-in hook ran, no victim it named was running or holding work: in the
+    victim's own journal no execution there had started and not yet ended (from its
+    `transition` events), and no task's latest move put it in the victim's queue. A
+    hook that ran `drain_grace` or more after the decision may remove a busy node (the
+    design's limit): counted, not a violation. Tasks homed at the victim that ran
+    elsewhere then were moved, not lost: counted for the notes."""
+    out: list[Violation] = []
+    judged = after = elsewhere = 0
+    done: set[tuple[str, float]] = set()
+    for r in rs:
+        if (r.node, r.hook_at) in done:
+            continue
+        done.add((r.node, r.hook_at))
+        j = journals.get(r.node)
+        if j is None:
+            out.append(Violation(SCALE_IDLE, r.node, "a scale-in victim with no journal"))
+            continue
+        judged += 1
+        t = r.hook_at
+        busy = [x for x in runs_on(j) if x.start < t and (x.end is None or x.end > t)]
+        by_task: dict[str, list[TransitionEvent]] = defaultdict(list)
+        for e in sorted(j.transitions, key=lambda e: (e.at, e.seq)):
+            by_task[e.task_id].append(e)
+        queued = []
+        for tid, evs in by_task.items():
+            last = _state_at(evs, t)
+            if last is None or last.dst in TERMINAL:
+                continue
+            if last.node == r.node:
+                if last.dst != "running":  # a run is judged above, from its start and end
+                    queued.append(f"{tid} ({last.dst})")
+            elif not last.cause.startswith(HANDED_OFF):
+                elsewhere += 1
+        if not busy and not queued:
+            continue
+        if t - r.at >= drain_grace:
+            after += 1
+            continue
+        what = []
+        if busy:
+            what.append(
+                "running "
+                + ", ".join(
+                    f"{x.task_id} (since {x.start:.3f}, "
+                    + ("never ended" if x.end is None else f"until {x.end:.3f}")
+                    + ")"
+                    for x in busy
+                )
+            )
+        if queued:
+            what.append("holding " + ", ".join(sorted(queued)))
+        out.append(
+            Violation(
+                SCALE_IDLE,
+                r.node,
+                f"scale-in hook by {r.actor} (epoch {r.epoch}) ran at {t:.3f}, "
+                f"{t - r.at:.1f}s after the decision (grace {drain_grace:g} s), while the "
+                f"victim was {'; '.join(what)}",
+            )
+        )
+    return IdleOutcome(tuple(out), judged, after, elsewhere)
 
 
 # ------------------------------------------------------------------- logs

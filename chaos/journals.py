@@ -41,6 +41,22 @@ class SharesEvent:
 
 
 @attrs.frozen
+class ScaleEvent:
+    """One `scale` row: an elastic pool's action as its actor journaled it (issue 25):
+    a scale-in's chosen victims when their drains began, a hook done, a hook given up."""
+
+    seq: int
+    at: float
+    node: str  # the actor that wrote it
+    pool: str
+    action: str | None  # "out", "in", or None (a hook given up)
+    count: int
+    nodes: tuple[str, ...]
+    epoch: int
+    reason: str
+
+
+@attrs.frozen
 class JournalData:
     """One agent's journal, decoded."""
 
@@ -50,6 +66,7 @@ class JournalData:
     shares: tuple[SharesEvent, ...]
     integrity: str = "ok"
     bad_records: int = 0  # rows whose record did not decode
+    scale: tuple[ScaleEvent, ...] = ()  # elastic pools' journaled actions
 
     def events_of(self, task_id: str) -> list[TransitionEvent]:
         return [e for e in self.transitions if e.task_id == task_id]
@@ -75,6 +92,7 @@ def read_journal(node: str, path: Path) -> JournalData:
                 bad += 1
         transitions: list[TransitionEvent] = []
         shares: list[SharesEvent] = []
+        scale: list[ScaleEvent] = []
         rows = conn.execute("SELECT seq, at, kind, task_id, node, data FROM events ORDER BY seq")
         for seq, at, kind, task_id, ev_node, data in rows:
             d = _json(data)
@@ -95,6 +113,11 @@ def read_journal(node: str, path: Path) -> JournalData:
                     shares.append(SharesEvent(int(seq), float(at), int(d["old"]), int(d["new"])))
                 except (KeyError, TypeError, ValueError):
                     bad += 1
+            elif kind == "scale" and isinstance(d, dict):
+                try:
+                    scale.append(_scale_event(int(seq), float(at), str(ev_node or ""), d))
+                except (KeyError, TypeError, ValueError):
+                    bad += 1
     finally:
         conn.close()
     return JournalData(
@@ -104,6 +127,22 @@ def read_journal(node: str, path: Path) -> JournalData:
         shares=tuple(shares),
         integrity=integrity,
         bad_records=bad,
+        scale=tuple(scale),
+    )
+
+
+def _scale_event(seq: int, at: float, node: str, d: dict[str, Any]) -> ScaleEvent:
+    action = d.get("action")
+    return ScaleEvent(
+        seq=seq,
+        at=at,
+        node=node,
+        pool=str(d["pool"]),
+        action=None if action is None else str(action),
+        count=int(d.get("count") or 0),
+        nodes=tuple(str(n) for n in d.get("nodes") or ()),
+        epoch=int(d.get("epoch") or 0),
+        reason=str(d.get("reason", "")),
     )
 
 

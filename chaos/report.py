@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .invariants import ALL, CONSTRAINT, ENCRYPTED, PRIORITY
+from .invariants import ALL, CONSTRAINT, ENCRYPTED, PRIORITY, SCALE
 from .scenario import ScenarioResult
 
 BEGIN = "<!-- chaos-report:begin -->"
@@ -50,10 +50,12 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
         )
     checked = ", ".join(f"`{x}`" for x in ALL)
     prio = ", ".join(f"`{x}`" for x in PRIORITY)
+    scale = ", ".join(f"`{x}`" for x in SCALE)
     lines += [
         "",
         f"Invariants checked: {checked}; `{ENCRYPTED}` in keyed scenarios; {prio} in the "
-        f"priority scenario; `{CONSTRAINT}` in the labelled one.",
+        f"priority scenario; `{CONSTRAINT}` in the labelled one; {scale} in the elastic "
+        "one.",
         "",
     ]
     for r in results:

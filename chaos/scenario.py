@@ -18,6 +18,7 @@ import attrs
 
 from swarm.client import ClientError
 
+from . import elastic as el
 from . import faults as fl
 from . import invariants as inv
 from .cluster import ChaosCluster, label_args
@@ -70,6 +71,8 @@ class ScenarioResult:
     violated: list[str] = attrs.field(factory=list)
     notes: list[str] = attrs.field(factory=list)
     error: str = ""
+    # the elastic scenario's figures: hook calls, removals, peaks per sides in force
+    scale: dict[str, Any] = attrs.field(factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -143,6 +146,8 @@ class Runner:
             if (mode == "netns" or not c.needs_netns) and (mode == "netns" or not c.needs_tmpfs)
         ]
         self.plan: Plan = make_plan(sc, seed, available)
+        self.elastic = el.ElasticSpec() if sc.elastic else None
+        self.scale_files: el.ElasticFiles | None = None
         skipped = sorted({*sc.faults, *sc.faults2} - set(available))
         self.result = ScenarioResult(sc.name, seed, mode, sc.nodes, sc.description)
         if skipped:
@@ -163,6 +168,10 @@ class Runner:
                 "encrypted: every agent uses one generated cluster key (mode 0600, "
                 f"owner uid {os.getuid()}), no --insecure"
             )
+        args = ["--slots", str(sc.slots), "--shares", "1024"]
+        if self.elastic is not None:
+            self.scale_files = el.write_files(self.root, self.elastic)
+            args += ["--config", str(self.scale_files.config)]
         cl = ChaosCluster(
             sc.nodes,
             self.root,
@@ -170,7 +179,7 @@ class Runner:
             mode=self.mode,
             # 1024 shares a node, as when the scenarios were tuned (the default is now
             # 1024 a slot): reservations of 200-600 shares then contend for a node
-            args=["--slots", str(sc.slots), "--shares", "1024"],
+            args=args,
             per_node_args=label_args(node_labels(sc)),
             env=self.env,
             shim=sc.shim,
@@ -213,7 +222,11 @@ class Runner:
             for t in threads:
                 t.join(timeout=max(5.0, sc.duration + 30 - (time.time() - self.t0)))
             self.wl.stop()
-        self.wl.ensure_undrained()
+        if self.elastic is None:
+            self.wl.ensure_undrained()
+        # (elastic: every drain is the pool's own, and a node its scale-in removed
+        # stays drained, as it would stay gone: undraining it would hand the pool a
+        # node to remove again)
         # the membership invariant: all views agree within the bound after the last heal
         # (from the heal's start; measured right after it when it was, else an upper
         # bound: the first agreement seen once the workload ended)
@@ -443,6 +456,8 @@ class Runner:
                 f"against the labels each node was given: {co.starts} starts in the "
                 f"executors' journals (and the homes' records), {co.marks} from their marks"
             )
+        if self.elastic is not None:
+            violations += self._elastic_checks(cl, journals)
         # figures
         res.attempted = self.wl.attempted
         res.acked = len(acked)
@@ -479,6 +494,86 @@ class Runner:
             end = f.healed_at if f.healed_at is not None else time.time()
             out.append(inv.FaultWindow(f.kind, hit, f.started_at, end))
         return out
+
+    def _elastic_checks(
+        self, cl: ChaosCluster, journals: Mapping[str, JournalData]
+    ) -> list[inv.Violation]:
+        """The elastic scenario: the recorder's hook calls against the journals (the
+        actors' `scale` decisions, the victims' transitions) and the cuts in force."""
+        spec, files = self.elastic, self.scale_files
+        assert spec is not None and files is not None
+        res = self.result
+        calls = el.read_calls(files.calls)
+        # a side acts alone until every view has the other side back: each cut lasts
+        # until its views agreed again (15 s when that was not measured)
+        settled = {id(f): r.converge_s for f, r in self.records}
+        cuts, split = [], []
+        for f, _ in self.records:
+            if f.started_at is None or f.kind not in inv.CUT_KINDS:
+                continue
+            healed = f.healed_at if f.healed_at is not None else time.time()
+            after = settled.get(id(f))
+            after = inv.FAULT_SLACK if after is None else after
+            cuts.append(inv.FaultWindow(f.kind, frozenset(), f.started_at, healed + after))
+            split.append(inv.FaultWindow(f.kind, frozenset(), f.started_at, healed))
+        slack = 2 * spec.lease_ttl  # then the lease of the side that yields runs out
+        dbl = inv.check_double_action(
+            calls,
+            journals,
+            cuts,
+            in_cooldown=spec.in_cooldown,
+            max_step=spec.max_step,
+            slack=slack,
+        )
+        idle = inv.check_victims_idle(dbl.removals, journals, drain_grace=spec.drain_grace)
+        decisions = inv.scale_decisions(journals)
+        ins = [c for c in calls if c.action == "in"]
+        outs = [c for c in calls if c.action == "out"]
+        during = [r for r in dbl.removals if inv.partitions_in_force(split, r.at, r.at, 0.0) > 1]
+        actors = sorted({(c.actor, c.epoch) for c in calls})
+        # attempts whose victims still held work when asked right before the hook
+        held = sum(a.log_text().count("event=scale.hook_held ") for a in cl.agents)
+        res.scale = {
+            "hook_calls": len(calls),
+            "scale_in_calls": len(ins),
+            "scale_out_calls": len(outs),
+            "decisions": len(decisions),
+            "removals": len(dbl.removals),
+            "removed": [r.node for r in dbl.removals],
+            "removed_while_split": len(during),
+            "actors": [f"{a} e{e}" for a, e in actors],
+            "peak_by_sides": {str(k): v for k, v in sorted(dbl.peak.items())},
+            "bound_by_sides": {
+                str(k): inv.bound_double_action(spec.max_step, k) for k in sorted(dbl.peak)
+            },
+            "double_windows": dbl.doubles,
+            "named_twice": list(dbl.repeated),
+            "hooks_held": held,
+            "victims_judged": idle.judged,
+            "after_grace": idle.after_grace,
+            "homed_elsewhere": idle.homed_elsewhere,
+        }
+        peaks = ", ".join(
+            f"{v} with {k} side(s) in force (bound {inv.bound_double_action(spec.max_step, k)})"
+            for k, v in sorted(dbl.peak.items())
+        )
+        res.notes.append(
+            f"elastic: {len(calls)} hook calls ({len(ins)} scale-in, {len(outs)} scale-out) "
+            f"by {', '.join(res.scale['actors']) or 'nobody'}; {len(decisions)} scale-in "
+            f"decisions journaled; {len(dbl.removals)} nodes removed, {len(during)} of them "
+            f"chosen while split; most removed in one {spec.in_cooldown:g} s in-cooldown "
+            f"window: {peaks or '-'}; {dbl.doubles} windows above max-step "
+            f"{spec.max_step}; nodes named by two scale-in actions: "
+            f"{', '.join(dbl.repeated) or 'none'}; victims judged idle at their hook: "
+            f"{idle.judged} "
+            f"({idle.after_grace} after the drain grace), {idle.homed_elsewhere} unfinished "
+            "tasks homed at a victim ran elsewhere then"
+        )
+        res.notes.append(
+            f"elastic hook calls: {el.describe_calls(calls, self.t0)}; {held} scale-in "
+            "attempts not run because a victim still held work when asked (scale.hook_held)"
+        )
+        return [*dbl.violations, *idle.violations]
 
     def _priority_checks(
         self, cl: ChaosCluster, journals: Mapping[str, JournalData], specs: Mapping[str, Any]

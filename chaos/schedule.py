@@ -42,6 +42,9 @@ class Scenario:
     # node i gets `--labels rack=r{i%3+1},pool=a|b` (a when i is odd) and most tasks
     # hard constraints over them (CONSTRAINT_MENU)
     labels: bool = False
+    # every agent carries the `[scale.chaos]` pool of chaos.elastic (issue 25), whose
+    # hooks only record their calls; a light workload lets it scale in during the run
+    elastic: bool = False
     description: str = ""
 
 

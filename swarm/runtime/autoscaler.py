@@ -5,8 +5,9 @@ Each tick (a sixth of the lease ttl, at most a second) it hands every controller
 live members and their newest load reports; it gossips what the controllers announce
 (an app message, and the same payload in every push-pull so that a node that joins
 hears the current lease), runs hooks (runtime/scalehooks.py) in the background and
-feeds their results back, drains victims through the `scale-drain` peer request, and
-journals every action before its hook runs.
+feeds their results back, drains victims through the `scale-drain` peer request, asks
+them what they hold right before a scale-in hook (`scale-work`), and journals every
+action before its hook runs.
 
 Security:
 - a local user: `swarm scale status` is for root and the agent's user only (hook
@@ -15,7 +16,9 @@ Security:
   name (`scale-drain`), gossip a lease that keeps this pool's actor from acting for
   a lease ttl, or gossip false reports so the actor picks other victims or counts;
   the hooks it can cause are only the operator's commands, with node names passed
-  as environment values, never as shell text;
+  as environment values, never as shell text; it can ask a node of a pool how many
+  tasks it holds (`scale-work`, asked before a scale-in hook: what the node's gossiped
+  reports say anyway), and by a false answer delay or let a hook run;
 - a network attacker without the key: nothing (gossip and peer requests are
   authenticated and bound to their destination).
 """
@@ -97,6 +100,8 @@ class Autoscaler:
         self.cluster.subscribe(self.on_event)
         # an elastic pool's actor drains a scale-in victim through this peer request
         self.cluster.rpc["scale-drain"] = self.rpc_drain
+        # and asks each victim what it holds right before the scale-in hook
+        self.cluster.rpc["scale-work"] = self.rpc_work
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
@@ -168,6 +173,15 @@ class Autoscaler:
             await self.journal.commit([])
         except JournalError as e:
             self.log.error("scale.journal_failed", pool=h.pool, error=str(e))
+        if h.action == "in":
+            held = await self._victims_hold(h)
+            if held:
+                # not run: an attempt that failed (retried after the back-off, given up
+                # after the retries, when the victims are undrained and kept)
+                self.log.warning("scale.hook_held", pool=h.pool, attempt=h.attempt, why=held)
+                self._carry_out(ctl, ctl.hook_done(self.clock.now(), ok=False, error=held))
+                self._kick.set()
+                return
         self.log.info(
             "scale.hook_start",
             pool=h.pool,
@@ -199,6 +213,42 @@ class Autoscaler:
             ),
         )
         self._kick.set()
+
+    async def _victims_hold(self, h: RunHook) -> str:
+        """Before a scale-in hook: each victim's own answer, now, to what it holds
+        (running, queued, being offered or migrated away), not the gossiped report that
+        made it ready, which may predate a task submitted to it since (found by the
+        chaos suite's `elastic` scenario: a task accepted by a victim right after its
+        drain was still being offered away when its hook ran). "" when every victim
+        is drained and holds nothing; else why the hook must not run now."""
+        for n in h.env.get("SWARM_SCALE_NODES", "").split():
+            try:
+                if n == self.node:
+                    ans = self._work()
+                else:
+                    ans = await self.cluster.request(
+                        n, {"op": "scale-work", "pool": h.pool}, timeout=DRAIN_TIMEOUT
+                    )
+            except (TransportError, RemoteError, RequestError) as e:
+                return f"victim {n} did not say what it holds: {e}"
+            work = ans.get("work") if isinstance(ans, dict) else None
+            if not isinstance(work, int) or isinstance(work, bool):
+                return f"victim {n} did not say what it holds"
+            if work > 0:
+                return f"victim {n} still holds {work} tasks"
+            if ans.get("draining") is not True:
+                return f"victim {n} is no longer drained"
+        return ""
+
+    def _work(self) -> dict[str, Any]:
+        """What this node holds now: the ledger's running and queued tasks (the load
+        report's figures) or, when more, the active records that put a task on this
+        node, which include a task being offered away (TRANSFERRING: one placed on a
+        peer at its submission never enters the ledger) or migrating away."""
+        r = self.local_report()
+        active = self.shares.coord.state.records.active.values()
+        here = sum(1 for t in active if t.node == self.node and not t.state.terminal)
+        return {"work": max(int(r.running + r.queued), here), "draining": r.draining}
 
     async def _drain(self, ctl: PoolController, d: Drain) -> None:
         why = f"{d.reason} (asked by {self.node})"
@@ -249,6 +299,20 @@ class Autoscaler:
             raise RemoteError(e.code, str(e)) from None
         self.log.info("scale.drained_by_peer", pool=pool, by=sender, on=on)
         return {"shares": answer.get("shares")}
+
+    async def rpc_work(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
+        """A pool's actor asks this scale-in victim, right before its hook, what it
+        holds now (tasks running, queued or being offered away) and whether it is
+        still drained."""
+        try:
+            f = wire.Fields(req, "scale-work", ignore=("op", "v", "from", "to"))
+            pool = f.str("pool", required=True, max_len=64)
+            f.done()
+        except wire.WireError as e:
+            raise RemoteError("bad_request", str(e)) from None
+        if f"scale.{pool}" not in self.pools:
+            raise RemoteError("not_found", f"no elastic pool {pool!r} is configured here")
+        return self._work()
 
     async def op_scale(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         """`swarm scale status`: every pool as this node sees it."""

@@ -359,7 +359,8 @@ def test_the_full_suite_has_a_keyed_scenario_and_newer_ones_come_after_it() -> N
     # appended: the scenarios before each keep their seeds (suite seed + index)
     names = [sc.name for sc in FULL]
     assert [sc.name for sc in FULL if sc.encrypted] == ["encrypted"]
-    assert names.index("encrypted") == 14 and names[15:] == ["priority-preempt", "constrained"]
+    assert names.index("encrypted") == 14
+    assert names[15:] == ["priority-preempt", "constrained", "elastic"]
     assert not any(sc.encrypted for sc in SMOKE)
 
 
