@@ -15,6 +15,7 @@ from ..model import NodeId
 from ..policy import autoscale as asc
 
 MAX_VICTIMS = 64  # nodes named in one announcement or journal record
+MAX_BASELINE = 4096  # the pool's nodes a journal record names (what booting counts from)
 
 
 # --------------------------------------------------------------- instructions
@@ -97,9 +98,37 @@ def acted_from(obj: Any, now: float) -> asc.Acted | None:
     return asc.Acted(action, count, now - ago)  # type: ignore[arg-type]
 
 
-def nodes_from(obj: Any, what: str) -> list[NodeId]:
-    if not isinstance(obj, list) or len(obj) > MAX_VICTIMS:
-        raise wire.SchemaError(f"{what}: expected a list of at most {MAX_VICTIMS} node ids")
+def booting_wire(count: int, at: float | None, now: float) -> dict[str, Any] | None:
+    """Nodes a scale-out launched that have not joined yet, and the age of the newest
+    launch among them (a holder that takes over counts them until its boot timeout)."""
+    if count <= 0 or at is None:
+        return None
+    return {"c": count, "ago": max(0.0, now - at)}
+
+
+def booting_from(
+    obj: Any, now: float, wall: float | None = None
+) -> tuple[int, float, frozenset[NodeId] | None] | None:
+    """(count, launched at on this node's clock, the pool they are not in: None when
+    not said) from `booting_wire`'s form, or from the journal's (`journal_value`: a
+    wall-clock time instead of an age, and the pool's nodes) with `wall`."""
+    if obj is None:
+        return None
+    f = wire.Fields(obj, "scale booting")
+    count = f.int("c", required=True, lo=0, hi=1 << 20)
+    base = None
+    if wall is None:
+        ago = f.float("ago", required=True, lo=0.0, hi=1e9)
+    else:
+        ago = max(0.0, wall - f.float("wall", required=True, lo=0.0, hi=1e12))
+        base = frozenset(nodes_from(f.list("base"), "scale booting base", MAX_BASELINE))
+    f.done()
+    return count, now - ago, base
+
+
+def nodes_from(obj: Any, what: str, limit: int = MAX_VICTIMS) -> list[NodeId]:
+    if not isinstance(obj, list) or len(obj) > limit:
+        raise wire.SchemaError(f"{what}: expected a list of at most {limit} node ids")
     out: list[NodeId] = []
     for n in obj:
         if not isinstance(n, str) or not n or len(n) > 256:
@@ -115,4 +144,11 @@ def journal_value(j: Journal, wall: float) -> dict[str, Any]:
     last = value.get("last")
     if isinstance(last, dict):
         value["last"] = {"a": last["a"], "c": last["c"], "wall": wall - float(last["ago"])}
+    booting = value.get("booting")
+    if isinstance(booting, dict):
+        value["booting"] = {
+            "c": booting["c"],
+            "wall": wall - float(booting["ago"]),
+            "base": list(booting.get("base", ())),
+        }
     return value
