@@ -22,73 +22,45 @@ and the hook that removes them runs only once their reports show no work, or aft
 `drain-grace`. A victim that receives work meanwhile (its running + queued count
 rises after its drain showed in its report) is undrained and kept.
 
-A controller never compares another node's clock with its own: gossiped times travel
-as ages ("ago").
+Gossiped times travel as ages ("ago"): no two nodes' clocks are compared.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import attrs
 
 from .. import wire
-from ..cluster.actor import MAX_EPOCH, ActorSeat, Lease, SeatStep
+from ..cluster.actor import ActorSeat, Lease, SeatStep
 from ..model import NodeId
 from ..policy import autoscale as asc
 from ..policy.scalepool import Member, PoolSpec, in_pool, node_work, pool_view
+from .scaleboot import Launch, heard_launches, not_joined
 from .scalemsgs import (
-    MAX_BASELINE,
-    MAX_VICTIMS,
     Announce,
     Drain,
+    HeardBoot,
     HookRun,
     Instruction,
     Journal,
     RunHook,
-    acted_from,
-    acted_wire,
-    booting_from,
+    announcement_from,
+    announcement_wire,
     booting_wire,
-    journal_value,
-    nodes_from,
+    hook_env,
+    journal_instr,
+    record_from,
 )
+from .scalestatus import pool_status
+from .scalevictims import Victim, adopt_victims, check_victims, keep_min
 
 HISTORY = 8  # hook runs kept for `swarm scale status`
 
 
 # ---------------------------------------------------------------------- state
-
-
-@attrs.define
-class Victim:
-    since: float  # when the drain was asked for (this node's clock)
-    work: int  # running + queued at the last report that showed the drain
-    seen_drained: bool = False  # a report has shown the node drained
-
-
-@attrs.define
-class Launch:
-    at: float  # when the scale-out began; once its hook succeeded, then
-    count: int
-    baseline: frozenset[NodeId]  # the pool's nodes when the scale-out began
-    ahead: int = 0  # nodes of earlier launches still booting then (not in the baseline)
-    # every node seen in the pool since, not in the baseline: one that joined and then
-    # left (removed by a scale-in, dead) has booted; without this memory it counted as
-    # booting again, and the actor that grew the pool shrank it below min-nodes
-    # (found by tests/integration/test_elastic.py)
-    joined: set[NodeId] = attrs.field(factory=set)
-
-
-@attrs.define
-class HeardBoot:
-    """The nodes the holder announced as booting, for a node that takes over from it."""
-
-    count: int
-    at: float  # the newest of their launches (this node's clock)
-    baseline: frozenset[NodeId] | None = None  # the pool at the next tick after hearing it
 
 
 @attrs.define
@@ -119,11 +91,16 @@ class PoolController:
         self.launches: list[Launch] = []
         self.victims: dict[NodeId, Victim] = {}
         self.removed: dict[NodeId, float] = {}  # removed by a hook that succeeded, at
+        # victims kept (work arrived, the drain never showed, the hook failed): not
+        # chosen again until then, or the same node would be drained over and over
+        self.spared: dict[NodeId, float] = {}
         self.pending: Pending | None = None
         self.heard_victims: set[NodeId] = set()
         self.heard_booting: HeardBoot | None = None
         self.pool_nodes: frozenset[NodeId] = frozenset()  # the pool at the last acting tick
-        self.heard_epoch = 0
+        self.heard_at = (0, 0)  # (epoch, seq) of the newest seat state heard
+        self.seq = 0  # of this node's announcements
+        self.heard_holder: NodeId = ""  # whose seat state `heard_at` is
         self.adopted_epoch = 0
         self.history: deque[HookRun] = deque(maxlen=HISTORY)
         self.notes: deque[str] = deque(maxlen=HISTORY)  # drains undone, victims dropped
@@ -132,52 +109,47 @@ class PoolController:
     # ------------------------------------------------------------ from others
 
     def on_announce(self, payload: Any, now: float) -> bool:
-        """A peer's announcement (gossip or push-pull); False if dropped as malformed."""
+        """A peer's announcement (gossip or push-pull; the holder's, or one relayed by
+        a node that heard it); False if dropped as malformed (counted)."""
         try:
-            f = wire.Fields(payload, "scale announcement")
-            lease = Lease.from_wire(f.map("lease", required=True))
-            last = f.nested("last", lambda o: acted_from(o, now))
-            victims = nodes_from(f.list("victims"), "scale announcement victims")
-            booting = f.nested("booting", lambda o: booting_from(o, now))
-            f.done()
+            h = announcement_from(payload, now)
         except wire.WireError:
             self.bad_announcements += 1
             return False
-        if lease.key != self.spec.key or lease.holder == self.me:
+        lease = h.lease
+        if lease is not None and lease.key != self.spec.key:
+            return True  # another pool's: none of ours
+        if lease is not None:
+            self.seat.on_lease(lease, now)  # ours from a previous life: its epoch only
             if lease.holder == self.me:
-                self.seat.on_lease(lease, now)  # our previous life's epoch
-            return True
-        self.seat.on_lease(lease, now)
-        if last is not None:
-            self.state = self.state.learn(last)
-        if lease.epoch >= self.heard_epoch:
-            self.heard_epoch = lease.epoch
-            self.heard_victims = set(victims)
-            self.heard_booting = HeardBoot(*(booting or (0, now, None)))
+                return True
+        # a relay renews no lease, but its epoch is spent: never claim it again
+        self.seat.max_epoch = max(self.seat.max_epoch, h.epoch)
+        if h.holder == self.me:
+            return True  # our own state, relayed back: we know better
+        if h.last is not None:
+            self.state = self.state.learn(h.last)
+        for n in h.removed:  # a removal is a fact, whatever the order it is heard in
+            self.removed.setdefault(n, now)
+        if (h.epoch, h.seq) >= self.heard_at:
+            # the newest seat state wins (a push-pull from before a partition healed
+            # must not bring back victims removed since: found by the chaos suite)
+            self.heard_at = (h.epoch, h.seq)
+            self.heard_holder = h.holder
+            self.heard_victims = set(h.victims) - set(h.removed)
+            self.heard_booting = HeardBoot(*(h.booting or (0, now, None)))
         return True
 
     def restore(self, record: Any, now: float, wall: float) -> None:
         """The pool's journaled record, at start-up: the last action (its cooldowns
         still hold after a restart), the nodes it was draining and those booting."""
         try:
-            f = wire.Fields(record, "scale record")
-            last = f.nested("last", lambda o: o)
-            victims = nodes_from(f.list("victims"), "scale record victims")
-            epoch = f.int("epoch", 0, lo=0, hi=MAX_EPOCH)
-            booting = f.nested("booting", lambda o: booting_from(o, now, wall))
-            f.done()
-            if last is not None:
-                g = wire.Fields(last, "scale record last")
-                action = g.str("a", required=True, max_len=3)
-                count = g.int("c", required=True, lo=0, hi=1 << 20)
-                at_wall = g.float("wall", required=True, lo=0.0, hi=1e12)
-                g.done()
-                if action in ("out", "in"):
-                    ago = max(0.0, wall - at_wall)
-                    self.state = self.state.learn(asc.Acted(action, count, now - ago))  # type: ignore[arg-type]
+            last, victims, epoch, booting = record_from(record, now, wall)
         except wire.WireError:
             self.bad_announcements += 1
             return
+        if last is not None:
+            self.state = self.state.learn(last)
         self.seat.max_epoch = max(self.seat.max_epoch, epoch)
         self.heard_victims |= set(victims)
         if booting is not None and self.heard_booting is None:
@@ -198,6 +170,8 @@ class PoolController:
             )
         step = self.seat.step(live_set, now)
         self.step = step
+        if step.epoch and step.epoch != self.adopted_epoch:
+            self._adopt(now, step, out)
         if step.announce is not None:
             out.append(Announce(self.spec.key, self._payload(step.announce, now)))
         if not step.acting:
@@ -208,6 +182,19 @@ class PoolController:
             self._announce_now(now, out)
         return out
 
+    def _adopt(self, now: float, step: SeatStep, out: list[Instruction]) -> None:
+        """A new tenure, from the claim on (its first announcement must carry them):
+        finish the drains the previous holder (or a previous life) began, and count
+        the nodes it launched that have not joined yet (else they would be launched
+        again once the cooldown is over, past max_nodes: tests/unit/test_scaling.py)."""
+        self.adopted_epoch = step.epoch
+        heard = self.heard_victims - self.removed.keys()
+        adopt_victims(self.victims, heard, self.me, self.spec, self.notes, now, out)
+        self.heard_victims = set()
+        if self.heard_booting is not None:
+            self.launches = heard_launches(self.heard_booting, now, self.spec.boot_timeout)
+            self.heard_booting = None
+
     def _act(
         self,
         now: float,
@@ -216,29 +203,6 @@ class PoolController:
         step: SeatStep,
         out: list[Instruction],
     ) -> None:
-        if self.adopted_epoch != step.epoch:
-            # a new tenure: finish the drains the previous holder (or a previous life) began
-            self.adopted_epoch = step.epoch
-            for n in self.heard_victims - self.victims.keys() - self.removed.keys():
-                if n != self.me:
-                    self.victims[n] = Victim(since=now, work=0)
-                else:
-                    # the previous holder drained this node to remove it; the actor is
-                    # never removed (never its own victim), so it would stay drained
-                    # with nobody to undo it
-                    why = "the new actor was being drained for scale-in: kept"
-                    self.notes.append(f"{n}: {why}")
-                    out.append(Drain(self.spec.name, n, False, why))
-            self.heard_victims = set()
-            hb = self.heard_booting
-            if hb is not None:
-                # and count the nodes it launched that have not joined yet: without
-                # them this node would launch them again once the cooldown is over,
-                # past max_nodes (found by tests/unit/test_scaling.py)
-                self.heard_booting = None
-                fresh = hb.count > 0 and now - hb.at < self.spec.boot_timeout
-                baseline = hb.baseline if hb.baseline is not None else frozenset()
-                self.launches = [Launch(hb.at, hb.count, baseline)] if fresh else []
         if self.pending is not None and self.pending.running:
             return  # one hook at a time
         pool = [
@@ -248,8 +212,31 @@ class PoolController:
         ]
         self.pool_nodes = frozenset(mb.node for mb in pool)
         self._forget_removed(now, live_set)
-        ready = self._check_victims(now, {mb.node: mb for mb in pool}, out)
-        ready = self._keep_min(len(pool), ready, out)
+        said = len(out)
+        ready = check_victims(
+            self.victims,
+            self.spec,
+            self.notes,
+            self._in_hook(),
+            now,
+            {mb.node: mb for mb in pool},
+            out,
+        )
+        self._spare(now, out[said:])
+        p = self.pending
+        in_hook = set(p.nodes) if p is not None and p.action == "in" else set()
+        ready, drop_hook = keep_min(
+            self.victims,
+            self.spec,
+            self.notes,
+            in_hook,
+            p is not None and not p.running,
+            len(pool),
+            ready,
+            out,
+        )
+        if drop_hook:
+            self.pending = None
         p = self.pending
         if p is not None:
             if now >= p.next_at:
@@ -286,6 +273,7 @@ class PoolController:
             and mb.node != self.me
             and mb.node not in self.victims
             and not mb.report.draining
+            and self.spared.get(mb.node, now) <= now
         ]
         # the caller's clamp: never below min_nodes. decide's count already is, but it
         # counts booting nodes, which may never come: the floor here is the nodes present
@@ -313,76 +301,17 @@ class PoolController:
         for n in chosen:
             r = by_node[n].report
             assert r is not None
-            self.victims[n] = Victim(since=now, work=r.running + r.queued)
+            self.victims[n] = Victim(since=now, work=r.running + r.queued + r.homing)
             out.append(Drain(self.spec.name, n, True, f"scale-in of pool {self.spec.name}"))
         out.append(self._journal(now, "in", len(chosen), tuple(chosen), dec.reason))
 
-    def _check_victims(
-        self, now: float, pool: Mapping[NodeId, Member], out: list[Instruction]
-    ) -> list[NodeId]:
-        """Drop victims that left or were undrained, keep those that received work, and
-        return those ready for the scale-in hook."""
-        ready: list[NodeId] = []
-        in_hook = set(self.pending.nodes) if self.pending is not None else set()
-        for n, v in list(self.victims.items()):
-            mb = pool.get(n)
-            if mb is None:
-                del self.victims[n]  # gone (removed, dead) or out of the pool
-                self.notes.append(f"{n}: left the pool while draining")
-                continue
-            r = mb.report
-            if r is None or n in in_hook:
-                continue
-            work = r.running + r.queued
-            if r.draining:
-                if v.seen_drained and work > v.work:
-                    del self.victims[n]
-                    why = f"received work while draining ({v.work} -> {work} tasks): kept"
-                    self.notes.append(f"{n}: {why}")
-                    out.append(Drain(self.spec.name, n, False, why))
-                    continue
-                v.seen_drained = True
-                v.work = work
-            elif v.seen_drained:
-                del self.victims[n]  # an operator undrained it: not ours to remove
-                self.notes.append(f"{n}: undrained by someone else while draining: kept")
-                continue
-            if v.seen_drained and work == 0:
-                ready.append(n)
-            elif now - v.since >= self.spec.drain_grace:
-                self.notes.append(
-                    f"{n}: drain grace {self.spec.drain_grace:g} s over with {work} tasks left"
-                )
-                ready.append(n)
-            elif not v.seen_drained and now - v.since >= self.spec.lease_ttl:
-                # the drain request may have been lost (or the node restarted): ask again
-                v.since = now
-                out.append(Drain(self.spec.name, n, True, "drain not seen yet: asked again"))
-        return ready
+    def _spare(self, now: float, said: list[Instruction]) -> None:
+        for i in said:
+            if isinstance(i, Drain) and not i.on:
+                self.spared[i.node] = now + self.spec.drain_grace
 
-    def _keep_min(self, pool: int, ready: list[NodeId], out: list[Instruction]) -> list[NodeId]:
-        """Keep victims (undrain them) while removing them all would leave fewer than
-        min_nodes present: nodes that died after the drains began are not replaced by
-        the victims' removal (the count held for the pool of then; found by
-        tests/unit/test_scaling.py). Those with work are kept first, then idle ones; a
-        scale-in hook waiting to retry is dropped when that is not enough. Returns the
-        ready victims still to remove."""
-        short = self.spec.scale.min_nodes - (pool - len(self.victims))
-        if short <= 0:
-            return ready
-        p = self.pending
-        in_hook = set(p.nodes) if p is not None and p.action == "in" else set()
-        keep = sorted(self.victims.keys() - in_hook - set(ready))
-        keep += sorted(set(ready) - in_hook)
-        if len(keep) < short and p is not None and p.action == "in" and not p.running:
-            self.pending = None
-            keep += sorted(in_hook & self.victims.keys())
-        for n in keep[:short]:
-            del self.victims[n]
-            why = f"the pool would fall below min_nodes {self.spec.scale.min_nodes}: kept"
-            self.notes.append(f"{n}: {why}")
-            out.append(Drain(self.spec.name, n, False, why))
-        return [n for n in ready if n in self.victims]
+    def _in_hook(self) -> set[NodeId]:
+        return set(self.pending.nodes) if self.pending is not None else set()
 
     def _forget_removed(self, now: float, live: frozenset[NodeId]) -> None:
         for n, at in list(self.removed.items()):
@@ -394,35 +323,22 @@ class PoolController:
         return self._not_joined(frozenset(mb.node for mb in pool))
 
     def _not_joined(self, pool: frozenset[NodeId]) -> int:
-        """The nodes the newest launch still waits for: its own and those booting when
-        it began, less the nodes that joined since. (Counting from the oldest launch's
-        baseline instead undercounts once that launch times out: the nodes it brought
-        then count as the newer launch's, found by tests/unit/test_scaling.py.)"""
-        if not self.launches:
-            return 0
-        x = self.launches[-1]
-        x.joined |= pool - x.baseline
-        return max(0, x.ahead + x.count - len(x.joined))
+        return not_joined(self.launches, pool)
 
     # ------------------------------------------------------------------ hooks
-
-    def _env(self, p: Pending) -> dict[str, str]:
-        return {
-            "SWARM_SCALE_POOL": self.spec.name,
-            "SWARM_SCALE_ACTION": p.action,
-            "SWARM_SCALE_COUNT": str(p.count),
-            "SWARM_SCALE_NODES": " ".join(p.nodes),
-            "SWARM_SCALE_DESIRED": str(p.desired),
-            "SWARM_SCALE_EPOCH": str(p.epoch),
-            "SWARM_SCALE_ACTOR": self.me,
-            "SWARM_SCALE_ATTEMPT": str(p.attempt),
-        }
 
     def _run(self, p: Pending, now: float) -> RunHook:
         p.running = True
         cmd = self.spec.out_command if p.action == "out" else self.spec.in_command
         return RunHook(
-            self.spec.name, p.action, cmd, self._env(p), self.spec.hook_timeout, p.attempt
+            self.spec.name,
+            p.action,
+            cmd,
+            hook_env(
+                self.spec.name, self.me, p.action, p.count, p.nodes, p.desired, p.epoch, p.attempt
+            ),
+            self.spec.hook_timeout,
+            p.attempt,
         )
 
     def hook_done(
@@ -473,6 +389,7 @@ class PoolController:
                 why = f"scale-in hook failed {p.attempt + 1} times: kept"
                 self.notes.append(f"{n}: {why}")
                 out.append(Drain(self.spec.name, n, False, why))
+            self._spare(now, out)
         out.append(self._journal(now, None, 0, (), f"{p.action} hook given up: {error}"))
         self._announce_now(now, out)
         return out
@@ -480,12 +397,18 @@ class PoolController:
     # ----------------------------------------------------------- what we say
 
     def _payload(self, lease: Lease, now: float) -> dict[str, Any]:
-        return {
-            "lease": lease.to_wire(),
-            "last": acted_wire(self.state.latest, now),
-            "victims": sorted(self.victims)[:MAX_VICTIMS],
-            "booting": self._booting_wire(now),
-        }
+        self.seq += 1
+        return announcement_wire(
+            lease=lease,
+            holder=self.me,
+            epoch=lease.epoch,
+            seq=self.seq,
+            last=self.state.latest,
+            victims=self.victims,
+            removed=self.removed,
+            booting=self._booting_wire(now),
+            now=now,
+        )
 
     def _booting_wire(self, now: float) -> dict[str, Any] | None:
         newest = max((x.at for x in self.launches), default=None)
@@ -504,101 +427,45 @@ class PoolController:
         out.append(Announce(self.spec.key, self._payload(claim, now)))
 
     def announcement(self, now: float) -> dict[str, Any] | None:
-        """What this node carries in push-pull for the pool: its claim while it holds
-        one (so a node that joins hears the current epoch)."""
-        if self.seat.claim is None:
+        """What this node carries in every push-pull for the pool: its claim while it
+        holds one (a node that joins hears the current epoch); else, relayed without
+        a lease, the newest seat state it heard, so that a node that joins or restarts
+        after the holder died still learns the spent epoch, the last action (its
+        cooldown), the drains to finish and the nodes booting (found by
+        tests/unit/test_scaling.py); None when it heard nothing."""
+        if self.seat.claim is not None:
+            return self._payload(self.seat.claim, now)
+        if self.heard_at == (0, 0):
             return None
-        return self._payload(self.seat.claim, now)
+        hb = self.heard_booting
+        return announcement_wire(
+            lease=None,
+            holder=self.heard_holder,
+            epoch=self.heard_at[0],
+            seq=self.heard_at[1],
+            last=self.state.latest,
+            victims=self.heard_victims,
+            removed=self.removed,
+            booting=None if hb is None else booting_wire(hb.count, hb.at, now),
+            now=now,
+        )
 
     def _journal(
-        self,
-        now: float,
-        action: Literal["out", "in"] | None,
-        count: int,
-        nodes: tuple[NodeId, ...],
-        reason: str,
+        self, now: float, action: str | None, count: int, nodes: tuple[NodeId, ...], why: str
     ) -> Journal:
-        latest = self.state.latest
-        # the nodes booting: a restarted actor counts them (found by
+        # with the nodes booting: a restarted actor counts them (found by
         # tests/unit/test_scaling.py), from the pool they were counted against
-        booting = self._booting_wire(now)
-        if booting is not None:
-            booting["base"] = sorted(self.pool_nodes)[:MAX_BASELINE]
-        return Journal(
-            key=self.spec.key,
-            value={
-                "last": None
-                if latest is None
-                else {"a": latest.action, "c": latest.count, "ago": max(0.0, now - latest.at)},
-                "victims": sorted(self.victims)[:MAX_VICTIMS],
-                "epoch": self.step.epoch if self.step is not None else 0,
-                "booting": booting,
-            },
-            note={
-                "pool": self.spec.name,
-                "action": action,
-                "count": count,
-                "nodes": list(nodes),
-                "epoch": self.step.epoch if self.step is not None else 0,
-                "reason": reason,
-            },
+        return journal_instr(
+            self.spec,
+            self.state.latest,
+            self.victims,
+            self.step.epoch if self.step is not None else 0,
+            self._booting_wire(now),
+            self.pool_nodes,
+            (action, count, nodes, why),
+            now,
         )
 
     def status(self, now: float) -> dict[str, Any]:
         """This pool as this node sees it, for `swarm scale status` (JSON-able)."""
-        st = self.step
-        d = self.decision
-        v = self.view
-        p = self.pending
-        latest = self.state.latest
-        return {
-            "pool": self.spec.name,
-            "selector": list(self.spec.selector_text),
-            "min_nodes": self.spec.scale.min_nodes,
-            "max_nodes": self.spec.scale.max_nodes,
-            "max_step": self.spec.scale.max_step,
-            "acting": bool(st and st.acting),
-            "owner": st.owner if st else None,
-            "epoch": st.epoch if st else 0,
-            "seat": st.reason if st else "not started",
-            "decision": None
-            if d is None
-            else {"action": d.action, "count": d.count, "desired": d.desired, "reason": d.reason},
-            "view": None if v is None else attrs.asdict(v),
-            "last_action": None
-            if latest is None
-            else {"action": latest.action, "count": latest.count, "ago": max(0.0, now - latest.at)},
-            "pending": None
-            if p is None
-            else {
-                "action": p.action,
-                "count": p.count,
-                "nodes": list(p.nodes),
-                "attempt": p.attempt,
-                "running": p.running,
-                "retry_in": None if p.running else max(0.0, p.next_at - now),
-            },
-            "draining": [
-                {"node": n, "for": now - v_.since, "drained": v_.seen_drained, "tasks": v_.work}
-                for n, v_ in sorted(self.victims.items())
-            ],
-            "booting": self._not_joined(self.pool_nodes),
-            "hooks": [
-                {**attrs.asdict(h), "nodes": list(h.nodes), "ago": max(0.0, now - h.at)}
-                for h in reversed(self.history)
-            ],
-            "notes": list(self.notes),
-            "bad_announcements": self.bad_announcements,
-        }
-
-
-__all__ = [
-    "Announce",
-    "Drain",
-    "HookRun",
-    "Instruction",
-    "Journal",
-    "PoolController",
-    "RunHook",
-    "journal_value",
-]
+        return pool_status(self, self._not_joined(self.pool_nodes), now)

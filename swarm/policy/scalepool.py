@@ -40,6 +40,7 @@ _SCALE_KEYS: Mapping[str, tuple[str, str]] = {
     "max-step": ("max_step", "int"),
     "max-view-age": ("max_view_age", "duration"),
     "slots-per-node": ("slots_per_node", "float"),
+    "scale-in-utilisation": ("scale_in_utilisation", "float"),
 }
 _POOL_KEYS: Mapping[str, tuple[str, str]] = {
     "selector": ("selector_text", "list"),

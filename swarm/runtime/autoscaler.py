@@ -35,17 +35,9 @@ from .. import model as m
 from .. import wire
 from ..cluster.membership import AppMessage, AppState, Event
 from ..logs import EventLog
-from ..node.scaling import (
-    Announce,
-    Drain,
-    Instruction,
-    PoolController,
-    RunHook,
-    journal_value,
-)
-from ..node.scaling import (
-    Journal as JournalInstr,
-)
+from ..node.scalemsgs import Announce, Drain, Instruction, RunHook, journal_value
+from ..node.scalemsgs import Journal as JournalInstr
+from ..node.scaling import PoolController
 from ..policy.scalepool import Member, PoolSpec
 from .api import PeerCred, RequestError
 from .clock import Clock
@@ -141,6 +133,10 @@ class Autoscaler:
         now = self.clock.now()
         for ctl in self.pools.values():
             self._carry_out(ctl, ctl.tick(now, members, live))
+            # every push-pull carries the pool's seat state as this node knows it: its
+            # own lease while it holds the seat, else what it heard, relayed without a
+            # lease (a lease kept there after losing the seat would look renewed)
+            self.cluster.set_app_state_part(ctl.spec.key, ctl.announcement(now))
 
     def _carry_out(self, ctl: PoolController, instrs: list[Instruction]) -> None:
         assert self._nursery is not None
@@ -236,6 +232,10 @@ class Autoscaler:
                 return f"victim {n} did not say what it holds"
             if work > 0:
                 return f"victim {n} still holds {work} tasks"
+            homing = ans.get("homing", 0)
+            if isinstance(homing, int) and not isinstance(homing, bool) and homing > 0:
+                # it acknowledges those tasks' results: removing it would strand them
+                return f"victim {n} is still the home of {homing} unfinished tasks"
             if ans.get("draining") is not True:
                 return f"victim {n} is no longer drained"
         return ""
@@ -244,11 +244,16 @@ class Autoscaler:
         """What this node holds now: the ledger's running and queued tasks (the load
         report's figures) or, when more, the active records that put a task on this
         node, which include a task being offered away (TRANSFERRING: one placed on a
-        peer at its submission never enters the ledger) or migrating away."""
+        peer at its submission never enters the ledger) or migrating away; and the
+        unfinished tasks it is the home of, wherever they run."""
         r = self.local_report()
         active = self.shares.coord.state.records.active.values()
         here = sum(1 for t in active if t.node == self.node and not t.state.terminal)
-        return {"work": max(int(r.running + r.queued), here), "draining": r.draining}
+        return {
+            "work": max(int(r.running + r.queued), here),
+            "draining": r.draining,
+            "homing": r.homing,
+        }
 
     async def _drain(self, ctl: PoolController, d: Drain) -> None:
         why = f"{d.reason} (asked by {self.node})"

@@ -60,6 +60,7 @@ class Node:
     shares: int = 1024
     task_seconds: float = 0.0
     pool: str = "gpu"
+    homing: int = 0
 
 
 def _report(n: str, x: Node, version: int = 1) -> LoadReport:
@@ -72,6 +73,7 @@ def _report(n: str, x: Node, version: int = 1) -> LoadReport:
         slots=x.slots,
         labels=(("pool", x.pool),),
         task_seconds=x.task_seconds,
+        homing=x.homing,
     )
 
 
@@ -103,9 +105,12 @@ class Cluster:
                         c.on_announce(i.payload, self.t)
 
     def push_pull(self, to: str) -> None:
-        """`to` hears every live node's state (a node that joins, a periodic exchange)."""
-        for n, payload in sorted(self.state.items()):
-            if n != to and n in self.live:
+        """`to` hears every live node's state (a node that joins, a periodic exchange):
+        what runtime/autoscaler.py puts in each push-pull, `announcement()` (the
+        holder's claim, or what a node heard, relayed without a lease)."""
+        for n, c in sorted(self.ctls.items()):
+            payload = c.announcement(self.t) if n in self.live else None
+            if n != to and payload is not None:
                 self.ctls[to].on_announce(payload, self.t)
 
     def tick(self) -> dict[str, list[Any]]:
@@ -700,16 +705,9 @@ def test_no_scale_in_below_min_nodes_counting_booting_nodes() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap, reported: what an actor announced lives only in the memories of "
-    "those that heard it; a node that never heard it (joined, or restarted, after the "
-    "actor died) and becomes the owner claims an epoch already used and knows neither "
-    "the last action (cooldowns), nor the victims, nor the nodes booting. Needs each "
-    "agent to carry what it heard in its push-pull state (with ages, without renewing "
-    "the dead actor's lease).",
-)
 def test_a_joiner_that_never_heard_the_dead_actor_keeps_its_cooldown() -> None:
+    """The survivors relay what they heard in their push-pull state (no lease): a
+    node that joins after the actor died learns the spent epoch and the cooldown."""
     spec = _spec(**{"out-cooldown": 30})
     names = _names(3)
     a = rendezvous_order(spec.key, names)[0]
@@ -1106,3 +1104,77 @@ def test_random_cluster_keeps_the_invariants(
             if w.nodes[n].shares == 0:
                 w.nodes[n].running = w.nodes[n].queued = 0
         w.run_for(DT)
+
+
+# ------------------------------------------------ victims: homes, lost drains, staleness
+
+
+def test_a_drained_victim_that_is_still_a_home_waits_for_its_tasks() -> None:
+    """A victim that homes unfinished tasks (running elsewhere) is not removed: its
+    removal would strand their results (issue 19); the hook runs once it homes none."""
+    c, actor, victims = _idle_cluster()
+    c.run_until(lambda i: isinstance(i, Drain), 30.0)
+    drains = [i for t, n, i in c.log if t == c.t - DT and isinstance(i, Drain)]
+    _apply_drains(c, drains)
+    c.nodes[victims[0]].homing = 3
+    log = c.run_for(4 * TTL)
+    hooks = [i for _, _, i in log if isinstance(i, RunHook)]
+    assert all(victims[0] not in h.env["SWARM_SCALE_NODES"].split() for h in hooks)
+    assert victims[0] in c.ctls[actor].victims
+    if hooks:  # the other victim, alone: done
+        assert hooks[0].env["SWARM_SCALE_NODES"] == victims[1]
+        c.hook_done(actor, True)
+    c.nodes[victims[0]].homing = 0
+    m, _ = c.run_until(
+        lambda i: isinstance(i, RunHook) and victims[0] in i.env["SWARM_SCALE_NODES"].split(),
+        2.0 + 4 * TTL,
+    )
+    assert m == actor
+
+
+def test_a_victim_whose_drain_never_shows_is_kept_after_the_grace() -> None:
+    """Asked again every ttl, but the grace counts from the first request: one that
+    never shows the drain (its agent refuses it, say) is kept, never removed."""
+    spec = _spec(**{"drain-grace": 8})
+    c, actor, victims = _idle_cluster(spec)
+    c.run_until(lambda i: isinstance(i, Drain), 30.0)
+    start = c.t - DT
+    log = c.run_for(spec.drain_grace + 2 * DT)
+    ctl = c.ctls[actor]
+    assert not (set(victims) & set(ctl.victims))
+    undrained = [i for t, _, i in log if isinstance(i, Drain) and not i.on]
+    assert sorted(d.node for d in undrained) == victims
+    # and they are not chosen again at once (spared for a grace)
+    assert not [i for t, _, i in log if isinstance(i, Drain) and i.on and t > start + 3 * TTL]
+    assert set(ctl.spared) == set(victims)
+    assert all("not seen within" in d.reason for d in undrained)
+    assert not [i for _, _, i in log if isinstance(i, RunHook) and i.action == "in"]
+    asked = [t for t, _, i in log if isinstance(i, Drain) and i.on and i.node in victims]
+    assert max(asked) < start + spec.drain_grace
+
+
+def test_an_older_state_of_the_same_epoch_does_not_bring_victims_back() -> None:
+    """Announcements are ordered by (epoch, seq): a push-pull from before a partition
+    healed, delivered late, must not bring back victims removed since (found by the
+    chaos suite's elastic scenario)."""
+    ctl = PoolController("n1", SPEC)
+    lease = {"key": KEY, "holder": "n9", "epoch": 4, "ttl": TTL}
+    new = {"lease": lease, "epoch": 4, "seq": 9, "victims": [], "removed": ["n7"]}
+    old = {"lease": lease, "epoch": 4, "seq": 3, "victims": ["n7", "n8"]}
+    assert ctl.on_announce(new, 1.0) and ctl.on_announce(old, 2.0)
+    assert ctl.heard_victims == set() and ctl.heard_at == (4, 9)
+    assert "n7" in ctl.removed  # a removal is a fact, whatever its order
+
+
+def test_a_relay_spends_the_epoch_and_renews_no_lease() -> None:
+    ctl = PoolController("n1", SPEC)
+    relay = {"epoch": 7, "seq": 2, "last": {"a": "out", "c": 1, "ago": 2.0}, "victims": ["n4"]}
+    assert ctl.on_announce(relay, 10.0)
+    assert ctl.seat.max_epoch == 7 and ctl.seat.seen == {}
+    assert ctl.state.heard is not None and ctl.state.heard.at == 8.0
+    assert ctl.heard_victims == {"n4"}
+    # a relay without its epoch is malformed
+    assert not ctl.on_announce({"seq": 1}, 11.0) and ctl.bad_announcements == 1
+    # and it carries it on, relayed (no lease), for nodes that join later
+    said = ctl.announcement(12.0)
+    assert said is not None and "lease" not in said and said["epoch"] == 7
