@@ -452,6 +452,12 @@ def decide(
         )
     if desired < cur:
         assert state.since is not None
+        if view.booting:
+            # removing a live node to make room for one still booting trades capacity
+            # at hand for capacity that may never come (found by the docs' smoke run:
+            # a live node drained at utilisation 1.00 with 2 nodes booting); the
+            # booting nodes join (or time out) first, and the next views decide
+            return none(f"scale in to {desired} waits: {view.booting} nodes still booting")
         seen = now - state.since
         if seen < cfg.scale_in_window:
             return none(

@@ -804,3 +804,14 @@ def test_the_tolerance_band_counts_booting_nodes_at_no_work() -> None:
     _, d = decide(ScaleState(), view, BASE, NOW)
     assert (d.action, d.desired) == ("none", 11)
     assert recommend(attrs.evolve(view, booting=0), BASE) == 12
+
+
+def test_no_scale_in_while_nodes_boot() -> None:
+    """A live node is never drained to make room for one still booting: 1 live node at
+    utilisation 1.0 with 2 booting recommends 2 of the 3; the scale-in waits."""
+    cfg = attrs.evolve(BASE, min_nodes=1, scale_in_window=0.0, in_cooldown=0.0)
+    view = PoolView(1, 2.0, 2.0, booting=2)
+    _, d = decide(ScaleState(), view, cfg, NOW)
+    assert d.action == "none" and "2 nodes still booting" in d.reason
+    _, d = decide(ScaleState(), attrs.evolve(view, booting=0, nodes=3, slots=6.0), cfg, NOW)
+    assert d.action == "in"
