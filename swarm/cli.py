@@ -562,7 +562,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
         print(f"  seat: {who} (epoch {p['epoch']}): {p['seat']}")
         d = p["decision"]
         if d is not None:
-            print(f"  decision: {d['action']} {d['count'] or ''} -> {d['desired']}: {d['reason']}")
+            act = d["action"] + (f" {d['count']}" if d["count"] else "")
+            print(f"  decision: {act} -> {d['desired']}: {d['reason']}")
         last = p["last_action"]
         if last is not None:
             print(f"  last action: {last['action']} {last['count']} ({_ago(last['ago'])})")
@@ -581,9 +582,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
             print(f"  booting: {p['booting']}")
         for h in p["hooks"]:
             res = "ok" if h["ok"] else h["error"]
-            nodes = " ".join(h["nodes"])
+            nodes = "".join(f" {n}" for n in h["nodes"])
             print(
-                f"  hook {h['action']} {h['count']} {nodes} (attempt {h['attempt']},"
+                f"  hook {h['action']} {h['count']}{nodes} (attempt {h['attempt']},"
                 f" {h['duration']:.1f}s, {_ago(h['ago'])}): {res}"
             )
             for line in h["output"].splitlines()[-5:]:
