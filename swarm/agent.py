@@ -18,7 +18,7 @@ from .logs import EventLog
 from .node.config import profile_settings
 from .policy.shares import ShareLedger
 from .runtime import criu as criu_rt
-from .runtime import recovery, startup
+from .runtime import recovery, startup, stopmode
 from .runtime.api import ApiServer, new_stats
 from .runtime.clock import Clock
 from .runtime.executor import Executor, ProcessPlan
@@ -49,9 +49,8 @@ class Agent:
         profile = profile_settings(config.profile)
         self.journal = Journal(config.journal_path, log, node=node, clock=clock)
         self.table = TaskTable(self.journal, node, log, clock=clock)
-        helper = startup.exec_helper(log)
         self.executor = Executor(
-            kill_grace=config.kill_grace, log=log, exec_helper=helper, clock=clock
+            config.kill_grace, log, startup.exec_helper(log), clock, startup.task_shim(config, log)
         )
         self.ledger = ShareLedger(config.shares)
         gpus = startup.gpu_inventory(config, log)
@@ -179,7 +178,7 @@ class Agent:
             scaler=self.scaler,
             log=self.log,
         )
-        await self.isolation.start()
+        await self.isolation.start(keep=frozenset(self.runner.adopting))
         self.migrator.set_criu(await criu_rt.detect())
         self.coord.host_facts(isolation=self.isolation.kind, criu=self.migrator.criu.ok)
         self.log.info("criu.detect", ok=self.migrator.criu.ok, reason=self.migrator.criu.reason)
@@ -232,7 +231,7 @@ class Agent:
                 )
                 self.ops.stop_accepting()
                 api_scope.cancel()
-                await self.runner.shutdown()
+                await self.runner.shutdown(keep=stopmode.keep_tasks(self.config.keep_tasks))
                 with trio.move_on_after(3):
                     await self.cluster.leave()
                 with trio.move_on_after(30):

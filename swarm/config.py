@@ -152,6 +152,8 @@ class Config:
     data_delay: float
     report_max_age: float | None
     scale: dict[str, Any]
+    supervise: bool
+    keep_tasks: str
     config_file: Path | None = None
     sharing: Sharing = attrs.field(factory=Sharing)
     pools: tuple[PoolSpec, ...] = ()

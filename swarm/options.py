@@ -88,6 +88,20 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("kill-grace", "float", 10.0, "seconds between SIGTERM and SIGKILL", _non_negative),
     Option(
+        "supervise",
+        "bool",
+        True,
+        "start each task under its own supervisor (swarm-shim): tasks outlive the agent",
+    ),
+    Option(
+        "keep-tasks",
+        "str",
+        "restart",
+        "on stop, leave tasks running for the next run: restart (when systemd restarts"
+        " the unit), always, never",
+        _one_of("restart", "always", "never"),
+    ),
+    Option(
         "keep-finished",
         "str",
         "7d",

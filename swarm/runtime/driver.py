@@ -229,6 +229,8 @@ class Driver(Effects):
                 mine = t.spec.home == self.node and t.node == self.node and not t.spec.is_global
                 if mine and t.state is S.QUEUED and t.id not in self.state.ledger:
                     self.place_soon(t.id)
+            # tasks that outlived the previous run under their supervisor (issue 19)
+            self.runner.adopt_outlived()
             task_status.started()
             await trio.sleep_forever()
 

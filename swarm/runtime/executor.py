@@ -26,6 +26,7 @@ import psutil
 import trio
 
 from ..logs import NULL_LOG, EventLog
+from . import shim as shimmod
 from .clock import Clock
 from .procstart import (
     LOG_FLAGS,
@@ -158,18 +159,62 @@ class Child:
 
 
 class Running:
-    """Handle for a process in flight: lets the agent terminate it."""
+    """Handle for a process in flight: lets the agent terminate it.
 
-    def __init__(self, task_id: str, proc: Child, grace: float, started: float) -> None:
+    Under a supervisor (runtime/shim.py) `proc` is the shim and `pid` the task's, which
+    is also its process group: known once the shim has reported (`ready`); until then
+    a termination waits for it (signalling the shim's own group would reach nothing
+    of the task's)."""
+
+    def __init__(
+        self,
+        task_id: str,
+        proc: Child | shimmod.Shim,
+        grace: float,
+        started: float,
+        *,
+        status_dir: Path | None = None,
+        report_fd: int | None = None,
+        plan: ProcessPlan | None = None,
+    ) -> None:
         self.task_id = task_id
         self.proc = proc
-        self.pid = proc.pid
+        self.pid = proc.task_pid if isinstance(proc, shimmod.Shim) else proc.pid
         self.started = started  # trio clock
         self.grace = grace
         self.terminating = False
         self.term_reason = ""
         self._kill_scope: trio.CancelScope | None = None
         self.helper_status: int | None = None  # swarm-exec's status pipe, to await
+        self.status_dir = status_dir  # the shim's: its exit file
+        self.report_fd = report_fd  # the shim's report, to await (then `pid` is known)
+        self.plan = plan
+        self.ready = trio.Event()
+        if report_fd is None:
+            self.ready.set()
+
+    @property
+    def supervised(self) -> bool:
+        return self.status_dir is not None
+
+    @property
+    def shim_pid(self) -> int:
+        return self.proc.pid
+
+    async def wait(self) -> int:
+        """The task's end, Popen's convention (-signal); under a shim from its exit
+        file (-9 when it has none: the shim was killed, the task's end is unknown)."""
+        if isinstance(self.proc, shimmod.Shim):
+            rec = await self.proc.wait()
+            return -9 if rec is None else rec.returncode
+        rc = await self.proc.wait()
+        if self.status_dir is None:
+            return rc
+        try:
+            rec = shimmod.read_exit(self.status_dir)
+        except shimmod.ExitFileError:
+            rec = None
+        return -9 if rec is None else rec.returncode
 
     def signal(self, sig: int) -> bool:
         return kill_group(self.pid, sig)
@@ -179,6 +224,7 @@ class Running:
         if not self.terminating:
             self.terminating = True
             self.term_reason = reason
+        await self.ready.wait()
         kill_group(self.pid, _signal.SIGTERM)
         with trio.move_on_after(self.grace):
             await self.proc.wait()
@@ -197,8 +243,15 @@ class Executor:
         log: EventLog = NULL_LOG,
         exec_helper: Path | None = None,
         clock: Clock | None = None,
+        shim: Path | None = None,
     ) -> None:
         self.kill_grace = kill_grace
+        # swarm-shim (runtime/shim.py): each task started under it outlives the agent;
+        # None: tasks are the agent's children and die with it (as before issue 19)
+        self.shim = shim
+        # a restart that leaves the tasks running (`detach`): cancellation of a
+        # supervised task's watch then stops watching, it does not kill the task
+        self.detaching = False
         self.clock = clock or Clock.system()
         self.log = log
         # swarm-exec (exechelper.py): starts a task as another user on the vfork path;
@@ -294,6 +347,17 @@ class Executor:
             switch = UserSwitch(plan)
             argv = list(plan.argv)
             kwargs = {"preexec_fn": switch.preexec}
+        report: tuple[int, int] | None = None
+        if self.shim is not None and plan.status_dir is not None and switch is None:
+            try:
+                report = self._shim_start(plan.status_dir)
+            except OSError as e:
+                close_logs((out, err))
+                if helper is not None:
+                    helper.failed()
+                return ProcessResult(None, None, spawn_error=f"cannot start its supervisor: {e}")
+            argv = shimmod.argv(self.shim, report[1], plan.status_dir, argv)
+            kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), report[1])
         if plan.umask is not None:
             kwargs["umask"] = plan.umask
         kwargs.update(
@@ -304,7 +368,19 @@ class Executor:
             start_new_session=True,
             close_fds=True,
         )
-        return Spawn(plan, argv, kwargs, (out, err), switch, helper)
+        return Spawn(plan, argv, kwargs, (out, err), switch, helper, report)
+
+    @staticmethod
+    def _shim_start(status_dir: Path) -> tuple[int, int]:
+        """The attempt's status directory, fresh (an exit file left by an earlier
+        attempt would read as this one's end), and the shim's report pipe."""
+        status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.unlink(status_dir / shimmod.EXIT_FILE)
+        except FileNotFoundError:
+            pass
+        r, w = os.pipe2(os.O_CLOEXEC)
+        return r, w
 
     def _spawned(
         self, spawn: Spawn, popen: subprocess.Popen[Any] | BaseException
@@ -315,12 +391,16 @@ class Executor:
             if isinstance(popen, BaseException):
                 why = spawn.switch.error()
             spawn.switch.close()
+        if spawn.report is not None:
+            os.close(spawn.report[1])  # the shim has its own copy
         if not isinstance(popen, BaseException):
             close_logs(spawn.logs)  # the child has its own copies
-            handle = self._started(spawn.plan, Child(popen))
+            handle = self._started(spawn.plan, Child(popen), spawn.report)
             if spawn.helper is not None:
                 handle.helper_status = spawn.helper.started()
             return handle
+        if spawn.report is not None:
+            os.close(spawn.report[0])
         if spawn.helper is not None:
             spawn.helper.failed()
         msg = why or spawn_error(spawn.plan, popen, switched=switched)
@@ -331,8 +411,18 @@ class Executor:
         close_logs(spawn.logs)
         return ProcessResult(None, None, spawn_error=msg)
 
-    def _started(self, plan: ProcessPlan, proc: Child) -> Running:
-        handle = Running(plan.task_id, proc, self.kill_grace, self.clock.now())
+    def _started(
+        self, plan: ProcessPlan, proc: Child, report: tuple[int, int] | None = None
+    ) -> Running:
+        handle = Running(
+            plan.task_id,
+            proc,
+            self.kill_grace,
+            self.clock.now(),
+            status_dir=plan.status_dir if report is not None else None,
+            report_fd=report[0] if report is not None else None,
+            plan=plan,
+        )
         self.running[plan.task_id] = handle
         self._starting.discard(plan.task_id)
         return handle
@@ -343,11 +433,24 @@ class Executor:
         on_started: Callable[[int, float], Awaitable[None]] | None,
     ) -> ProcessResult:
         proc = handle.proc
+        if handle.report_fd is not None:
+            fd, handle.report_fd = handle.report_fd, None
+            try:
+                handle.pid = await shimmod.read_report(fd)
+            except shimmod.ShimStartError as e:
+                await handle.wait()  # the shim has exited (or exits now)
+                self.running.pop(handle.task_id, None)
+                plan = handle.plan
+                msg = spawn_error(plan, e.as_oserror()) if plan and e.exec_failed else str(e)
+                return ProcessResult(None, None, spawn_error=msg, pid=proc.pid)
+            finally:
+                os.close(fd)
+                handle.ready.set()
         if handle.helper_status is not None:
             fd, handle.helper_status = handle.helper_status, None
             why = await helper_verdict(fd)
             if why is not None:  # the helper could not start the task: it has exited
-                await proc.wait()
+                await handle.wait()
                 self.running.pop(handle.task_id, None)
                 return ProcessResult(None, None, spawn_error=why, pid=proc.pid)
         try:
@@ -361,22 +464,36 @@ class Executor:
                     ct = 0.0
                 await on_started(proc.pid, ct)
             try:
-                rc = await proc.wait()
+                rc = await handle.wait()
             except trio.Cancelled:
+                if self.detaching and handle.supervised:
+                    handle.terminating = True  # not ours to end: it outlives this agent
+                    raise
                 with trio.CancelScope(shield=True):
                     await handle.terminate(handle.term_reason or "agent cancelled")
                 raise
         finally:
-            # kill stragglers left in the group (background children of the task)
-            kill_group(proc.pid, _signal.SIGKILL)
+            # kill stragglers left in the group (background children of the task);
+            # under a shim it did that, and a detached task keeps its group
+            if not (self.detaching and handle.supervised):
+                kill_group(handle.pid, _signal.SIGKILL)
             self.running.pop(handle.task_id, None)
         if rc < 0:
             return ProcessResult(
-                None, -rc, pid=proc.pid, started_at=handle.started, cancelled=handle.terminating
+                None, -rc, pid=handle.pid, started_at=handle.started, cancelled=handle.terminating
             )
         return ProcessResult(
-            rc, None, pid=proc.pid, started_at=handle.started, cancelled=handle.terminating
+            rc, None, pid=handle.pid, started_at=handle.started, cancelled=handle.terminating
         )
+
+    def adopt(self, task_id: str, found: shimmod.Shim, started: float) -> Running:
+        """A task a previous run of the agent started under a shim that still runs it
+        (recovery): watched from now on as if started here (`watch`)."""
+        handle = Running(task_id, found, self.kill_grace, started, status_dir=found.status_dir)
+        self.log.info("task.reattached", task=task_id, pid=found.task_pid, shim=found.pid)
+        self.running[task_id] = handle
+        self._starting.add(task_id)
+        return handle
 
     def claim(self, task_id: str) -> None:
         """A task is on its way to run(): a terminate from now on reaches it."""

@@ -308,9 +308,10 @@ class Cgroups:
                     pass
             await trio.sleep(0.02)
 
-    async def sweep(self) -> int:
-        """Remove the task groups a previous run of this agent left behind."""
-        groups = self.task_groups()
+    async def sweep(self, keep: frozenset[str] = frozenset()) -> int:
+        """Remove the task groups a previous run of this agent left behind, but those
+        of `keep`, tasks that outlived it under their supervisor (runtime/shim.py)."""
+        groups = [g for g in self.task_groups() if g.task_id not in keep]
         for g in groups:
             await self.remove(g)
         if groups:
@@ -691,12 +692,16 @@ class TaskIsolation:
     def kind(self) -> str:
         return self.cgroups.kind
 
-    async def start(self) -> None:
-        """Set the cgroup parents up and remove what a previous run left behind. A
-        failure here degrades to no cgroups (logged): tasks must still run."""
+    async def start(self, keep: frozenset[str] = frozenset()) -> None:
+        """Set the cgroup parents up and remove what a previous run left behind, but
+        the groups of `keep` (tasks re-attached after a restart: removed when they
+        end). A failure here degrades to no cgroups (logged): tasks must still run."""
         try:
             self.cgroups.setup()
-            await self.cgroups.sweep()
+            await self.cgroups.sweep(keep)
+            for g in self.cgroups.task_groups():
+                if g.task_id in keep:  # removed when the task ends (finished)
+                    self.groups[g.task_id] = g
         except OSError as e:
             self.log.warning(
                 "isolation.unavailable", kind=self.cgroups.kind, error=str(e), fallback="none"

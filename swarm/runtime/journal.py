@@ -222,8 +222,14 @@ class Journal:
             tid: (pid, ct)
             for tid, pid, ct in self._rconn.execute("SELECT task_id, pid, create_time FROM procs")
         }
+        shims = {
+            tid: (task_pid, status_dir)
+            for tid, task_pid, status_dir in self._rconn.execute(
+                "SELECT task_id, task_pid, status_dir FROM shims"
+            )
+        }
         active.sort(key=lambda t: (t.created_at, t.id))
-        return Recovered(active=active, kv=kv, procs=procs)
+        return Recovered(active=active, kv=kv, procs=procs, shims=shims)
 
     # --------------------------------------------------------------- writing
 

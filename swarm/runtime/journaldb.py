@@ -52,6 +52,9 @@ CREATE TABLE IF NOT EXISTS kv(key TEXT PRIMARY KEY, value BLOB);
 CREATE TABLE IF NOT EXISTS procs(
     task_id TEXT PRIMARY KEY, pid INTEGER NOT NULL, create_time REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS shims(
+    task_id TEXT PRIMARY KEY, task_pid INTEGER NOT NULL, status_dir TEXT NOT NULL
+);
 """
 
 
@@ -97,11 +100,15 @@ class DelKV:
 
 @attrs.frozen
 class PutProc:
-    """A process started for a task: lets a restarted agent find and kill orphans."""
+    """A process started for a task: lets a restarted agent find and kill orphans, or,
+    under a supervisor (`task_pid` set: `pid` and `create_time` are the shim's), find
+    the task again or its end (runtime/shim.py)."""
 
     task_id: m.TaskId
     pid: int
     create_time: float
+    task_pid: int = 0
+    status_dir: str = ""
 
 
 @attrs.frozen
@@ -177,8 +184,14 @@ def apply_op(c: sqlite3.Connection, op: Op, node: str) -> None:
             "INSERT OR REPLACE INTO procs(task_id, pid, create_time) VALUES(?,?,?)",
             (op.task_id, op.pid, op.create_time),
         )
+        if op.task_pid:
+            c.execute(
+                "INSERT OR REPLACE INTO shims(task_id, task_pid, status_dir) VALUES(?,?,?)",
+                (op.task_id, op.task_pid, op.status_dir),
+            )
     elif isinstance(op, DelProc):
         c.execute("DELETE FROM procs WHERE task_id=?", (op.task_id,))
+        c.execute("DELETE FROM shims WHERE task_id=?", (op.task_id,))
     elif isinstance(op, Event):
         c.execute(
             "INSERT INTO events(at, kind, task_id, node, data) VALUES(?,?,?,?,?)",
@@ -209,6 +222,8 @@ class Recovered:
     active: list[m.Task]  # every non-terminal task
     kv: dict[str, Any]
     procs: dict[m.TaskId, tuple[int, float]]
+    # tasks started under a shim: (the task's pid, the shim's status directory)
+    shims: dict[m.TaskId, tuple[int, str]] = attrs.field(factory=dict)
 
 
 def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:

@@ -47,6 +47,9 @@ class ProcessPlan:
     # goes back: no wrapper process. Empty: the child joins cgroup_procs itself.
     cgroup_threads: tuple[tuple[Path, Path], ...] = ()
     umask: int | None = None  # the task's umask (None: inherit the agent's)
+    # where the task's supervisor (runtime/shim.py) writes its exit status; None:
+    # started without one (no shim built here)
+    status_dir: Path | None = None
 
 
 def switches_user(plan: ProcessPlan) -> bool:
@@ -227,6 +230,7 @@ class Spawn:
     logs: OpenLogs
     switch: UserSwitch | None = None  # the task runs as another user, via a fork
     helper: HelperStart | None = None  # ... started through swarm-exec (vfork)
+    report: tuple[int, int] | None = None  # the shim's report pipe (read, write)
 
     @property
     def forks(self) -> bool:

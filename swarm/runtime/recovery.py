@@ -7,12 +7,19 @@ questions (may a finished task be forgotten yet; what goes with it).
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+
+import psutil
+
 from .. import model as m
 from ..logs import EventLog
 from ..policy.shares import ShareLedger
+from . import shim
 from .autoscaler import Autoscaler
 from .driver import Driver
-from .executor import kill_orphan
+from .executor import ProcessResult, kill_group, kill_orphan
 from .journal import DelKV, DelProc, Journal
 from .localops import LocalOps
 from .moving import Migrator
@@ -39,8 +46,17 @@ def recover(
     running here runs again (a --no-retry one at its home fails instead); a queued
     guest or global task goes back into the run queue."""
     rec = journal.recover()
+    outlived: dict[m.TaskId, shim.Shim | ProcessResult] = {}
     for tid, (pid, ct) in rec.procs.items():
-        if kill_orphan(pid, ct):
+        sup = rec.shims.get(tid)
+        if sup is not None:
+            found = shim.Shim(pid, ct, sup[0], Path(sup[1]))
+            end = _supervised(found, log, tid)
+            if end is not None:
+                outlived[tid] = end
+                if isinstance(end, shim.Shim):
+                    continue  # still running: its process record stays
+        elif kill_orphan(pid, ct):
             log.warning("agent.orphan_killed", task=tid, pid=pid)
         journal.enqueue([DelProc(tid)])
     ops.restore(rec.kv)
@@ -58,6 +74,12 @@ def recover(
             continue
         if t.node != node:
             continue  # a home record of a task that lives elsewhere
+        if t.state is S.RUNNING and t.id in outlived:
+            # it outlived the agent under its supervisor: still running, or its end is
+            # known; never run again (runner._adopt_all watches it or records the end)
+            ledger.add(t.spec)
+            runner.adopting[t.id] = outlived[t.id]
+            continue
         if t.state in (S.RUNNING, S.MIGRATING):
             if t.spec.no_retry and not guest:
                 table.change(t.id, S.FAILED, "agent restarted while task was running (--no-retry)")
@@ -68,8 +90,57 @@ def recover(
         if t.state is S.QUEUED and (guest or t.spec.is_global):
             ledger.add(t.spec)
             runner.enqueue(t.id)
+    for tid, what in outlived.items():
+        if tid not in runner.adopting:
+            # not RUNNING here by its record: nobody would watch it, so it must not run
+            if isinstance(what, shim.Shim):
+                kill_group(what.task_pid, signal.SIGKILL)
+                log.warning("agent.orphan_killed", task=tid, pid=what.task_pid)
+            journal.enqueue([DelProc(tid)])
     if rec.active:
-        log.info("agent.recovered", tasks=len(rec.active), requeued=requeued)
+        log.info(
+            "agent.recovered",
+            tasks=len(rec.active),
+            requeued=requeued,
+            reattached=sum(isinstance(w, shim.Shim) for w in runner.adopting.values()),
+            ended_while_down=sum(isinstance(w, ProcessResult) for w in runner.adopting.values()),
+        )
+
+
+def _supervised(found: shim.Shim, log: EventLog, tid: m.TaskId) -> shim.Shim | ProcessResult | None:
+    """A task a previous run started under its supervisor: the shim itself when it
+    still runs it; its end from the exit file when it ended while the agent was down;
+    None (it runs again, as before issue 19) when the shim is gone without one (it was
+    killed, or the host rebooted): its task's group, if still there, is killed."""
+    if found.alive():
+        return found
+    try:
+        end = shim.read_exit(found.status_dir)
+    except shim.ExitFileError as e:
+        log.warning("agent.bad_exit_file", task=tid, error=str(e))
+        end = None
+    if end is None:
+        if _still_its_group(found):
+            kill_group(found.task_pid, signal.SIGKILL)
+            log.warning("agent.orphan_killed", task=tid, pid=found.task_pid)
+        return None
+    log.info("task.ended_while_down", task=tid, exit=end.exit_code, signal=end.signal)
+    if end.error is not None:
+        why = f"cannot start process: {os.strerror(end.error)}"
+        return ProcessResult(None, None, spawn_error=why, pid=end.pid)
+    return ProcessResult(end.exit_code, end.signal, pid=end.pid)
+
+
+def _still_its_group(found: shim.Shim) -> bool:
+    """Is the task's process group still the one its shim started (not a recycled
+    pid): a process of that group, born after the shim."""
+    try:
+        p = psutil.Process(found.task_pid)
+        return os.getpgid(found.task_pid) == found.task_pid and (
+            p.create_time() >= found.create_time - 0.5
+        )
+    except (psutil.Error, OSError):
+        return False
 
 
 def still_needed(coord: Driver, migrator: Migrator, runner: LocalRunner, tid: m.TaskId) -> bool:

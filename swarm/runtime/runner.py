@@ -8,9 +8,6 @@ run again on the next start.
 
 from __future__ import annotations
 
-import functools
-import os
-import pwd
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,12 +17,12 @@ import trio
 
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
+from . import shim as shimmod
 from .executor import Executor, ProcessPlan, ProcessResult, Running, Spawn
 from .journal import DelProc, PutProc
 from .logfiles import LogFiles
+from .taskplan import task_plan
 from .tasks import TaskTable
-
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Extra hook: the agent may adjust a plan (user switching, cgroups, GPU env). It raises
 # PlanRefused when the task cannot run here (e.g. its user does not exist): the task fails.
@@ -57,6 +54,7 @@ class _Launch:
     plan: ProcessPlan | None
     hooked: bool  # the plan hooks ran: the exit hook undoes what they set up
     begun: Running | ProcessResult | Spawn  # its process; why not; or: start it in a thread
+    adopted: bool = False  # started by a previous run of the agent (its process journaled)
 
 
 class LocalRunner:
@@ -87,6 +85,10 @@ class LocalRunner:
         self.slots = slots
         self.log_dir = log_dir
         self.task_state_root = state_dir / "task-state"
+        self.shim_root = state_dir / "shim"  # each task's supervisor's status directory
+        # tasks a previous run started that outlived it (recovery): watched again, or
+        # their end recorded, once the runner runs
+        self.adopting: dict[m.TaskId, shimmod.Shim | ProcessResult] = {}
         self.log = log
         self.plan_hook = plan_hook
         self.can_start = can_start
@@ -248,28 +250,9 @@ class LocalRunner:
         self.queue.extendleft(reversed(keep))
 
     def plan(self, task: m.Task) -> ProcessPlan:
-        spec = task.spec
-        out, err = self.log_paths(task.id)
-        env = {"PATH": DEFAULT_PATH}
-        user = _user_entry(spec)
-        if user is not None:
-            env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
-        env.update(spec.env)
-        env.update(
-            SWARM_TASK_ID=task.id,
-            SWARM_TASK_NAME=spec.name,
-            SWARM_NODE=self.node,
-            SWARM_HOME_NODE=spec.home or self.node,
-            SWARM_ATTEMPT=str(task.attempts + 1),
-        )
-        if spec.migrate is not m.MigrateMode.NEVER:
-            env["SWARM_STATE_DIR"] = str(self.state_dir_of(task.id))
-        cwd = spec.cwd or (user.pw_dir if user else "/")
-        if spec.cwd_any and not os.path.isdir(cwd):
-            # --cwd-any: the submitter's directory does not exist on this host: fall back
-            cwd = user.pw_dir if user and os.path.isdir(user.pw_dir) else "/"
-        return ProcessPlan(
-            task_id=task.id, argv=spec.argv, env=env, cwd=cwd, stdout=out, stderr=err
+        status_dir = self.shim_root / task.id if self.executor.shim is not None else None
+        return task_plan(
+            task, self.node, self.log_paths(task.id), self.state_dir_of(task.id), status_dir
         )
 
     def _launch(self, task: m.Task) -> _Launch:
@@ -300,6 +283,12 @@ class LocalRunner:
         try:
 
             async def started(pid: int, create_time: float) -> None:
+                h = self.executor.running.get(tid)
+                if h is not None and h.status_dir is not None:  # pid: its supervisor's
+                    op = PutProc(tid, pid, create_time, h.pid, str(h.status_dir))
+                    self.table.journal.enqueue([op])
+                    self.log.info("task.process", task=tid, pid=h.pid, shim=pid)
+                    return
                 self.table.journal.enqueue([PutProc(tid, pid, create_time)])
                 self.log.info("task.process", task=tid, pid=pid)
 
@@ -309,7 +298,9 @@ class LocalRunner:
             if isinstance(begun, ProcessResult):
                 result = begun
             else:
-                result = await self.executor.watch(begun, on_started=started)
+                # a re-attached task's process is journaled already
+                watched = None if launch.adopted else started
+                result = await self.executor.watch(begun, on_started=watched)
             with trio.CancelScope(shield=True):
                 why: str | None = None
                 if self.exit_hook is not None and launch.plan is not None and launch.hooked:
@@ -402,6 +393,27 @@ class LocalRunner:
             return "checkpointed" + (" for migration" if mode is not None else "")
         return None
 
+    # ------------------------------------------------------ after a restart
+
+    def adopt_outlived(self) -> None:
+        """Tasks that outlived the last run (recovery): watched, or their end recorded."""
+        assert self._nursery is not None, "the runner runs before the driver"
+        found, self.adopting = self.adopting, {}
+        for tid, what in found.items():
+            t = self.table.active.get(tid)
+            if t is not None and t.state is S_RUNNING:
+                self.running.add(tid)
+                if self.on_started is not None:
+                    self.on_started(t)
+                begun: Running | ProcessResult = (
+                    what
+                    if isinstance(what, ProcessResult)
+                    else (self.executor.adopt(tid, what, trio.current_time()))
+                )
+                self.executor.claim(tid)
+                launch = _Launch(self.plan(t), True, begun, adopted=True)  # plan: exit hook
+                self._nursery.start_soon(self._execute, t, launch)
+
     # --------------------------------------------------------------- control
 
     async def cancel(self, tid: m.TaskId, reason: str = "cancelled") -> bool:
@@ -428,9 +440,15 @@ class LocalRunner:
                 return
         await self.executor.terminate(tid, cause)
 
-    async def shutdown(self) -> None:
-        """Stop starting tasks, terminate running ones (they go back to the queue)."""
+    async def shutdown(self, keep: bool = False) -> None:
+        """Stop starting tasks, terminate running ones (they go back to the queue); or,
+        with `keep`, leave those under a supervisor running for the next run of the
+        agent, which re-attaches to them (issue 19)."""
         self.stopping = True
+        if keep and self.executor.shim is not None:
+            self.executor.detaching = True
+            self.log.info("agent.leaving_tasks", running=len(self.running))
+            return
         if not self.running:
             return
         self._idle = trio.Event()
@@ -439,20 +457,3 @@ class LocalRunner:
                 n.start_soon(self.executor.terminate, tid, "agent shutdown")
         with trio.move_on_after(self.executor.kill_grace + 5):
             await self._idle.wait()
-
-
-def _user_entry(spec: m.TaskSpec) -> pwd.struct_passwd | None:
-    return _passwd(spec.user, spec.uid)
-
-
-@functools.lru_cache(maxsize=1024)
-def _passwd(user: str | None, uid: int | None) -> pwd.struct_passwd | None:
-    """Cached: NSS lookups cost up to a millisecond, on every task start."""
-    try:
-        if user:
-            return pwd.getpwnam(user)
-        if uid is not None:
-            return pwd.getpwuid(uid)
-    except KeyError:
-        return None
-    return None

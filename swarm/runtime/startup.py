@@ -26,7 +26,7 @@ from ..policy import datakeys
 from ..policy import gpu as gpupol
 from ..policy.constraints import merge_labels
 from ..policy.shares import ShareLedger
-from . import exechelper, hostfacts, recovery
+from . import exechelper, hostfacts, recovery, shim
 from . import gpu as gpu_runtime
 from .autoscaler import Autoscaler
 from .clock import Clock
@@ -131,6 +131,23 @@ def prepare(config: Config, log: EventLog) -> Keyring | None:
     for what, path, mode in tightened:
         log.warning("agent.state_tightened", path=path, old=what, new=f"{mode:04o}")
     return keyring
+
+
+def task_shim(config: Config, log: EventLog) -> Path | None:
+    """swarm-shim, each task's supervisor (runtime/shim.py): a root agent's in the
+    root-only cache shared with swarm-exec, another's in its state directory. None
+    (tasks die with the agent and run again after it, as before issue 19) when
+    `supervise` is off or it cannot be built (no C compiler: said once)."""
+    if not config.supervise:
+        return None
+    where = exechelper.CACHE_DIR if os.geteuid() == 0 else config.state_dir / "bin"
+    try:
+        path = shim.build(where)
+    except exechelper.HelperUnavailable as e:
+        log.warning("executor.no_shim", reason=str(e), fallback="tasks end with the agent")
+        return None
+    log.info("executor.shim", path=str(path))
+    return path
 
 
 def exec_helper(log: EventLog) -> Path | None:

@@ -100,6 +100,9 @@ def tagged(tag: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
+        # a task's supervisor (swarm-shim) carries its command line: not a copy
+        if cmd and "swarm-shim" in os.path.basename(cmd[0]):
+            continue
         if "--tag" in cmd and tag in cmd and CKPT in cmd:
             out.append(p)
     return out

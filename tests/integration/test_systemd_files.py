@@ -69,9 +69,11 @@ def test_verify_would_catch_a_typo(tmp_path: Path) -> None:
     _need("systemd-analyze")
     if SYSTEM_UNITS is None:
         pytest.skip("no systemd unit directory on this machine")
-    text = (DEPLOY / "swarm-agent.service").read_text().replace("KillMode=mixed", "KillMode=mixd")
+    text = (
+        (DEPLOY / "swarm-agent.service").read_text().replace("KillMode=process", "KillMode=proces")
+    )
     r = _analyze(_verify_root(tmp_path, text), "swarm-agent.service")
-    assert "mixd" in r.stdout + r.stderr
+    assert "proces" in r.stdout + r.stderr
 
 
 def test_unit_says_what_the_docs_say() -> None:
@@ -80,7 +82,7 @@ def test_unit_says_what_the_docs_say() -> None:
         line.split("=", 1) for line in unit.splitlines() if re.match(r"^[A-Z]\w*=", line)
     )
     assert settings["Type"] == "notify"
-    assert settings["KillMode"] == "mixed"
+    assert settings["KillMode"] == "process"  # tasks outlive a restart (issue 19)
     assert settings["Delegate"] == "yes"
     assert settings["StateDirectory"] == "swarm" and settings["RuntimeDirectory"] == "swarm"
     assert float(settings["WatchdogSec"]) > 0

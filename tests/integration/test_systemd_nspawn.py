@@ -16,8 +16,9 @@ are here. What it proves:
   umask 0022), `swarm status` says user alice;
 - bob (not in group swarm) cannot connect (exit 69, "permission denied");
 - root's submission is refused (allow-root-tasks is off by default);
-- `systemctl restart` with a running task: the agent terminates it and journals it
-  as re-queued, and it runs again after the restart (attempts 2);
+- `systemctl restart` with a running task (issue 19): the task keeps running, same
+  process, under its supervisor; the restarted agent re-attaches to it (attempts 1,
+  still running, never re-queued);
 - `systemctl stop` is clean (Result=success, exit 0) and leaves none of alice's
   processes behind.
 """
@@ -81,11 +82,13 @@ out=$($SW submit -- true 2>&1); rec root_submit_rc $?; rec root_submit_msg "$out
 
 long=$(as alice $SW submit -- sleep 300); rec long_id "$long"
 running "$long"; rec long_running_rc $?
+rec long_pid_before "$(pgrep -u alice -x sleep)"
 sleep 3.5
 rec nrestarts "$(systemctl show -p NRestarts --value swarm-agent.service)"
 rec active_after_watchdog "$(systemctl is-active swarm-agent.service)"
 t=$(now); systemctl restart swarm-agent.service; rec restart_rc $?; rec restart_s "$(since "$t")"
 running "$long"; rec long_rerun_rc $?
+rec long_pid_after "$(pgrep -u alice -x sleep)"
 rec long_status "$($SW status --json "$long")"
 
 t=$(now); systemctl stop swarm-agent.service; rec stop_rc $?; rec stop_s "$(since "$t")"
@@ -247,13 +250,15 @@ def test_install_start_submit_as_user_and_stop_in_a_systemd_container(
     assert r["root_submit_rc"] == "1" and "allow-root-tasks" in r["root_submit_msg"], context
     # the watchdog is fed
     assert r["nrestarts"] == "0" and r["active_after_watchdog"] == "active", context
-    # restart: the running task was re-queued by the agent and runs again
+    # restart: the running task kept running, the same process, re-attached
     assert r["long_running_rc"] == "0" and r["restart_rc"] == "0", context
     assert r["long_rerun_rc"] == "0", context
+    assert r["long_pid_before"] and r["long_pid_after"] == r["long_pid_before"], context
     long = json.loads(r["long_status"])
-    assert long["state"] == "running" and long["attempts"] == 2, context
+    assert long["state"] == "running" and long["attempts"] == 1, context
     causes = [h["cause"] for h in long["history"]]
-    assert "agent shutdown: will run again" in causes, context
+    assert "agent shutdown: will run again" not in causes, context
+    assert "event=task.reattached" in agent_log, context
     # a clean stop, nothing left behind
     assert r["stop_rc"] == "0" and r["result"] == "success" and r["exec_status"] == "0", context
     assert r["alice_procs"] == "0", context
