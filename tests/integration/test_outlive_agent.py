@@ -34,6 +34,10 @@ def _status(a: LocalAgent, tid: str) -> dict:  # type: ignore[type-arg]
         return c.status(tid)
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().split()) if path.exists() else 0
+
+
 def _restart(a: LocalAgent) -> None:
     a.kill(signal.SIGKILL)
     a.start()
@@ -120,3 +124,46 @@ def test_a_second_restart_and_a_stop(make_agent: AgentFactory, tmp_path: Path) -
         20,
         "a stop to end the task",
     )
+
+
+def test_kill_9_under_200_running_tasks(make_agent: AgentFactory, tmp_path: Path) -> None:
+    """Issue 19's figure: 200 short tasks running, the agent killed with SIGKILL and
+    restarted while some still run and others have ended: every one succeeds once,
+    by its own side effect, with attempts 1; none is lost, none runs twice."""
+    n = 200
+    a = make_agent("a1", "--slots", str(n))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(marks, 0o777)
+    go = marks / "go"
+    # each waits for the go file (so all 200 run at once), then 0-2 s, then marks itself
+    script = (
+        f"while [ ! -e {go} ]; do sleep 0.05; done; "
+        'sleep "0.$((RANDOM % 10))"; sleep "$((RANDOM % 2))"; '
+        f'echo "$SWARM_TASK_ID" >> {marks}/done'
+    )
+    with a.client(timeout=60) as c:
+        ids = [c.submit(["bash", "-c", script]) for _ in range(n)]
+    _wait(
+        lambda: sum(1 for t in ids if _status(a, t)["state"] == "running") == n,
+        120,
+        "all 200 to run",
+    )
+    go.touch()
+    time.sleep(0.8)  # some end before the kill, most while the agent is down or after
+    a.kill(signal.SIGKILL)
+    at_kill = _lines(marks / "done")
+    time.sleep(0.5)
+    a.start()
+    at_restart = _lines(marks / "done")
+    print(
+        f"ended before the kill {at_kill}, while down {at_restart - at_kill},"
+        f" after {n - at_restart}"
+    )
+    with a.client(timeout=120) as c:
+        ends = [c.wait(t, timeout=120) for t in ids]
+    assert [e["state"] for e in ends] == ["succeeded"] * n
+    assert all(e["attempts"] == 1 for e in ends)
+    done = (marks / "done").read_text().split()
+    assert sorted(done) == sorted(ids)  # each exactly once: none lost, none twice
