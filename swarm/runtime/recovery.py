@@ -8,6 +8,7 @@ questions (may a finished task be forgotten yet; what goes with it).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -162,7 +163,10 @@ def still_needed(coord: Driver, migrator: Migrator, runner: LocalRunner, tid: m.
 
 def forget_task_state(coord: Driver, journal: Journal, tid: m.TaskId) -> None:
     """Retention forgot a task: its settled handoff state (the home's entry stays
-    after the final report, for late revokes) and its cached decisions go too."""
+    after the final report, for late revokes), its cached decisions and its
+    supervisor's status directory go too."""
     coord.explains.pop(tid, None)
     if coord.home.forget(tid):
         journal.enqueue([DelKV("home:" + tid)])
+    # its supervisor's status directory (the exit file served once the end was journaled)
+    shutil.rmtree(coord.runner.shim_root / tid, ignore_errors=True)
