@@ -1,0 +1,358 @@
+"""Who takes over a task when its home is gone for good (pure): replicas and succession.
+
+Today a task has one authority, its home (the node it was submitted to; docs/handoff.md).
+If the home dies for good its tasks are stranded. This module names, for every task,
+the nodes that can take the home's role over, and decides when one of them does.
+
+* **Replicas.** A queued task's record is journaled on the home and on `k` more nodes,
+  its replicas: the first `k` of the rendezvous order of the task id over the live
+  members, the home left out (`replica_of`, the hashing of actor.py). Every node that
+  sees the same live set names the same replicas with no message exchanged, and a
+  member that joins or leaves changes them only if it ranks among the first `k`.
+  `replicas_wanted` is the number of copies (the home's included): the configured
+  value, clamped to [1, cluster size] (and 16), else 2 on clusters of 3 or more and 1 below
+  (`replicas = 1` is today's behaviour). The chosen replicas are part of the task's
+  record; they are not recomputed when membership changes.
+* **Successor.** A task's record names its home, its authority `epoch`, its runner (the
+  node it was committed to, running it or queued there; None while it is at its home)
+  and its replicas, in order. When the home has been SWIM `dead` (or `left`) for at
+  least `grace` seconds on this node's clock, and this node is not itself declared
+  dead: the runner adopts the task; a replica adopts it only if there is no runner (or
+  the runner is the home) or the runner too has been gone for `grace`, and every
+  replica before it in the record has been gone for `grace`. A node never adopts while
+  the home is merely `suspect`: a suspicion is refuted within a probe round or becomes
+  a death, and the grace keeps a death that is refuted late (a pause, a short
+  partition) from moving the authority. A member this node has never heard of is not
+  gone: we wait rather than guess.
+* **Epochs and claims.** An adoption's epoch is the largest epoch this node knows for
+  the task plus one, so strictly greater than the home's; the caller journals it
+  before acting. Two claimants compare by (epoch, node): the larger one is the
+  authority (`claim_key`). With one view of membership and every notice delivered, at
+  most one node adopts a task per epoch: the runner, or the first replica not gone,
+  is the same node on every node.
+* **Notices.** An adopter tells every member of its view (`Notice`, out of `step`) of
+  the new record, and tells a member again each time it comes back (alive after gone
+  in our view, or a new view after `restarted`): a home that returns learns of the
+  adoption that way. The receiver's `on_adoption_notice` keeps the larger claim and
+  says what to do: an old authority that does not run the task DROPs it (never places
+  or runs it again; forwards `status`, `cancel` to the new home); a node that runs the
+  task but is not the runner of the new record FORWARDs (reports its attempt to the new
+  home and obeys its answer, as handoff's rule 4); a notice smaller than ours is STALE
+  (answer it with `notice_for`, so the lower claimant yields). A node named as runner
+  or replica in a notice starts holding the record. Claims reach every member, and a
+  STALE answer carries the larger claim back, so once views converge at most one
+  authority per task remains, and every live runner or replica of it holds its record;
+  none remains only if no live node is a successor in the record it holds (with one
+  replica, never after the loss of a single node).
+* **Doubt.** A home that learns it was declared dead, or restarts, is `in_doubt` about
+  its tasks for one grace unless a notice comes first: an adopter that can reach it
+  tells it as soon as it sees it alive again, well within a grace. A caller should not
+  place or start a task in doubt. An adopter that cannot reach it for longer may have
+  adopted all the same; its claim wins when they meet, and the task may have run twice.
+
+What the rules bound, and what they do not. Adoption needs a SWIM death, which needs a
+suspicion timeout without a refutation, plus the grace: a node that is alive and
+reachable keeps its tasks. A paused or cut-off home that stays unheard for longer than
+its suspicion timeout + grace loses them; its copies may then run twice (at-least-once,
+each run an attempt in the record; `--at-most-once` fencing is the lease's job, not
+this module's). A key holder is the cluster (docs/security.md). It can gossip a false
+death (SWIM takes any member's word); the home's refutation undoes it and the grace
+starts again each time the home is seen alive, so a false death moves a task only if
+the refutation is kept from the successor for a grace, which a key holder on the path
+can do. More simply, it can send a forged notice with a larger epoch and so take over
+any task, at once. Nothing here stops a key holder.
+A network attacker without the key cannot get a membership record or a notice
+accepted at all.
+
+Wiring (not here): feed membership events (`on_event`; this node's own death too, when
+it learns of it), the records this node holds (`hold`, `release`) and notices
+(`on_notice`); call `step` a few times per grace; journal each `Adopt` before acting,
+send the record to its new replicas, and send each `Notice` reliably. A replica must
+learn each placement (its runner) before the home commits it, or a replica may adopt a
+task that runs elsewhere.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable
+
+import attrs
+
+from ..model import MemberState, NodeId, TaskId
+from .actor import rendezvous_order
+from .membership_events import MemberEvent
+
+MAX_EPOCH = 2**63 - 1
+MAX_COPIES = 16
+GONE = (MemberState.DEAD, MemberState.LEFT)
+
+
+# -------------------------------------------------------------------- replicas
+
+
+def replicas_wanted(cluster_size: int, configured: int | None = None) -> int:
+    """Copies of a queued task's record, its home's included: `configured` clamped to
+    [1, min(cluster size, MAX_COPIES)]; by default 2 on clusters of 3 or more, else 1."""
+    if configured is None:
+        return 2 if cluster_size >= 3 else 1
+    return max(1, min(configured, cluster_size, MAX_COPIES))
+
+
+def replica_of(
+    task_id: TaskId, home: NodeId, live_members: Iterable[NodeId], k: int = 1
+) -> tuple[NodeId, ...]:
+    """The `k` nodes other than `home` that keep a copy of the task's record, in
+    succession order (fewer when fewer members are live)."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    order = rendezvous_order(task_id, (n for n in live_members if n != home))
+    return tuple(order[:k])
+
+
+def claim_key(epoch: int, node: NodeId) -> tuple[int, NodeId]:
+    """How two claims to a task's authority compare: the larger one wins."""
+    return (epoch, node)
+
+
+# ---------------------------------------------------------------------- values
+
+
+@attrs.frozen
+class Record:
+    """What one node knows of a task's authority."""
+
+    home: NodeId
+    epoch: int
+    runner: NodeId | None = None
+    replicas: tuple[NodeId, ...] = ()
+
+    @property
+    def key(self) -> tuple[int, NodeId]:
+        return claim_key(self.epoch, self.home)
+
+    def successor_of(self, node: NodeId) -> bool:
+        return node != self.home and (node == self.runner or node in self.replicas)
+
+
+@attrs.frozen
+class Adopt:
+    """This node is now the task's home: journal (task, epoch, replicas), then act."""
+
+    task_id: TaskId
+    from_home: NodeId
+    epoch: int
+    as_runner: bool  # True: it runs the task; False: a replica, the task is queued here
+    replicas: tuple[NodeId, ...]  # the new record's replicas: send them the record
+    reason: str = ""
+
+
+@attrs.frozen
+class Notice:
+    """Tell `to` that `home` holds the task's authority at `epoch` (with this record)."""
+
+    to: NodeId
+    task_id: TaskId
+    home: NodeId
+    epoch: int
+    runner: NodeId | None
+    replicas: tuple[NodeId, ...]
+
+
+class NoticeAction(enum.Enum):
+    IGNORE = "ignore"  # not ours, or already known
+    STALE = "stale"  # older than our record: answer with notice_for(task, sender)
+    FOLLOW = "follow"  # record updated; we were not the authority (or we run it on)
+    DROP = "drop"  # we were the authority: never place or run it again; send users on
+    FORWARD = "forward"  # we run it, the new record does not say so: report to the new home
+
+
+@attrs.define
+class _Member:
+    state: MemberState
+    since: float  # when it last went from live to gone or back, on this node's clock
+
+
+# ------------------------------------------------------------------ succession
+
+
+class Succession:
+    """One node's succession state: its membership view and the records it holds."""
+
+    def __init__(self, me: NodeId, grace: float) -> None:
+        if not (math.isfinite(grace) and grace >= 0):
+            raise ValueError(f"grace must be >= 0, got {grace}")
+        self.me = me
+        self.grace = grace
+        self._members: dict[NodeId, _Member] = {}
+        self._held: dict[TaskId, Record] = {}
+        self._told: dict[TaskId, dict[NodeId, float]] = {}  # our adoptions: who knows
+        self._doubt: dict[TaskId, float] = {}  # home tasks in doubt until
+
+    # ---------------------------------------------------------------- inputs
+
+    def on_member(self, node: NodeId, state: MemberState, at: float) -> None:
+        """A membership change in this node's view, in the order the membership core
+        gave it (it already ordered incarnations). Our own death too, when we learn it."""
+        gone = state in GONE
+        cur = self._members.get(node)
+        since = at if cur is None or (cur.state in GONE) != gone else cur.since
+        self._members[node] = _Member(state, since)
+        if node == self.me and gone:
+            self._in_doubt_from(at)
+
+    def on_event(self, ev: MemberEvent) -> None:
+        self.on_member(ev.member.node, ev.member.state, ev.at)
+
+    def restarted(self, now: float) -> None:
+        """This node restarted (its records come from its journal): a fresh membership
+        view, every adopter's notice owed again, home tasks in doubt."""
+        self._members.clear()
+        for told in self._told.values():
+            told.clear()
+        self._in_doubt_from(now)
+
+    def hold(
+        self,
+        task_id: TaskId,
+        home: NodeId,
+        epoch: int = 1,
+        runner: NodeId | None = None,
+        replicas: Iterable[NodeId] = (),
+    ) -> bool:
+        """Keep (or update) a task's record; False if older than the one we have."""
+        if not 1 <= epoch <= MAX_EPOCH:
+            raise ValueError(f"epoch must be in [1, {MAX_EPOCH}], got {epoch}")
+        rec = Record(home, epoch, runner, tuple(replicas))
+        old = self._held.get(task_id)
+        if old is not None and rec.key < old.key:
+            return False
+        self._store(task_id, rec)
+        return True
+
+    def release(self, task_id: TaskId) -> None:
+        """Forget a task (finished and acknowledged, or its tombstone expired)."""
+        self._held.pop(task_id, None)
+        self._told.pop(task_id, None)
+        self._doubt.pop(task_id, None)
+
+    def on_adoption_notice(
+        self,
+        task_id: TaskId,
+        new_home: NodeId,
+        epoch: int,
+        runner: NodeId | None = None,
+        replicas: Iterable[NodeId] = (),
+    ) -> NoticeAction:
+        """Another node claims the task's authority; keep the larger claim."""
+        if not 1 <= epoch <= MAX_EPOCH:
+            return NoticeAction.IGNORE
+        new = Record(new_home, epoch, runner, tuple(replicas))
+        old = self._held.get(task_id)
+        if old is None:
+            if new.successor_of(self.me):
+                self._store(task_id, new)
+                return NoticeAction.FOLLOW
+            return NoticeAction.IGNORE
+        if new.key < old.key:
+            return NoticeAction.STALE
+        if new == old or new_home == self.me:
+            return NoticeAction.IGNORE
+        self._store(task_id, new)
+        if old.runner == self.me and runner != self.me:
+            return NoticeAction.FORWARD
+        if old.home == self.me and runner != self.me:
+            return NoticeAction.DROP
+        return NoticeAction.FOLLOW
+
+    def on_notice(self, n: Notice) -> NoticeAction:
+        return self.on_adoption_notice(n.task_id, n.home, n.epoch, n.runner, n.replicas)
+
+    # --------------------------------------------------------------- queries
+
+    def record(self, task_id: TaskId) -> Record | None:
+        return self._held.get(task_id)
+
+    def held(self) -> dict[TaskId, Record]:
+        return dict(self._held)
+
+    def is_authority(self, task_id: TaskId) -> bool:
+        rec = self._held.get(task_id)
+        return rec is not None and rec.home == self.me
+
+    def in_doubt(self, task_id: TaskId, now: float) -> bool:
+        """True while a home that was declared dead or restarted should not place or
+        start the task: it may have been adopted (a notice ends the doubt)."""
+        return self.is_authority(task_id) and now < self._doubt.get(task_id, -math.inf)
+
+    def notice_for(self, task_id: TaskId, to: NodeId) -> Notice | None:
+        rec = self._held.get(task_id)
+        if rec is None:
+            return None
+        return Notice(to, task_id, rec.home, rec.epoch, rec.runner, rec.replicas)
+
+    def gone_for(self, node: NodeId, now: float) -> float | None:
+        """How long `node` has been dead or left in this view (None: it is not)."""
+        m = self._members.get(node)
+        return now - m.since if m is not None and m.state in GONE else None
+
+    # ------------------------------------------------------------------ step
+
+    def step(self, now: float) -> list[Adopt | Notice]:
+        """The adoptions due now, then the notices owed."""
+        out: list[Adopt | Notice] = []
+        if self.gone_for(self.me, now) is None:
+            for task_id in sorted(self._held):
+                adopt = self._consider(task_id, self._held[task_id], now)
+                if adopt is not None:
+                    out.append(adopt)
+        for task_id, told in sorted(self._told.items()):
+            for node, m in sorted(self._members.items()):
+                if node != self.me and m.state not in GONE and told.get(node) != m.since:
+                    told[node] = m.since
+                    n = self.notice_for(task_id, node)
+                    assert n is not None
+                    out.append(n)
+        return out
+
+    def _gone_long(self, node: NodeId | None, now: float) -> bool:
+        g = None if node is None else self.gone_for(node, now)
+        return g is not None and g >= self.grace
+
+    def _consider(self, task_id: TaskId, rec: Record, now: float) -> Adopt | None:
+        if not rec.successor_of(self.me) or not self._gone_long(rec.home, now):
+            return None
+        if rec.epoch >= MAX_EPOCH:
+            return None
+        as_runner = rec.runner == self.me
+        if not as_runner:
+            if rec.runner not in (None, rec.home) and not self._gone_long(rec.runner, now):
+                return None  # the runner (alive, suspect or not long gone) adopts it
+            for r in rec.replicas:
+                if r == self.me:
+                    break
+                if not self._gone_long(r, now):
+                    return None  # an earlier replica adopts it
+        live = [n for n, m in self._members.items() if m.state is MemberState.ALIVE]
+        replicas = replica_of(task_id, self.me, [*live, self.me], len(rec.replicas))
+        epoch = rec.epoch + 1
+        self._store(task_id, Record(self.me, epoch, self.me if as_runner else None, replicas))
+        self._told[task_id] = {}
+        gone = self.gone_for(rec.home, now)
+        role = "runner" if as_runner else "replica"
+        why = f"{rec.home} dead for {gone:.1f}s (grace {self.grace:.1f}s): adopted as {role}"
+        return Adopt(task_id, rec.home, epoch, as_runner, replicas, why)
+
+    # --------------------------------------------------------------- helpers
+
+    def _store(self, task_id: TaskId, rec: Record) -> None:
+        self._held[task_id] = rec
+        if rec.home != self.me:
+            self._told.pop(task_id, None)
+            self._doubt.pop(task_id, None)
+
+    def _in_doubt_from(self, now: float) -> None:
+        for task_id, rec in self._held.items():
+            if rec.home == self.me:
+                self._doubt[task_id] = now + self.grace
