@@ -214,7 +214,8 @@ class Running:
             rec = shimmod.read_exit(self.status_dir)
         except shimmod.ExitFileError:
             rec = None
-        return -9 if rec is None else rec.returncode
+        # no exit file (a full disk): the shim ended as the task did
+        return rc if rec is None else rec.returncode
 
     def signal(self, sig: int) -> bool:
         return kill_group(self.pid, sig)
@@ -352,12 +353,12 @@ class Executor:
             try:
                 report = self._shim_start(plan.status_dir)
             except OSError as e:
-                close_logs((out, err))
-                if helper is not None:
-                    helper.failed()
-                return ProcessResult(None, None, spawn_error=f"cannot start its supervisor: {e}")
-            argv = shimmod.argv(self.shim, report[1], plan.status_dir, argv)
-            kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), report[1])
+                # no status directory (a full disk): the task starts as the agent's own
+                # child, as without a shim (it will not outlive the agent)
+                self.log.warning("executor.unsupervised", task=plan.task_id, error=str(e))
+            else:
+                argv = shimmod.argv(self.shim, report[1], plan.status_dir, argv)
+                kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), report[1])
         if plan.umask is not None:
             kwargs["umask"] = plan.umask
         kwargs.update(

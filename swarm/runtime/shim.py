@@ -20,7 +20,9 @@ The protocol, all of it (swarm_shim.c says the same from its side):
   not: no status directory, no fork).
 - Once the leader exits the shim SIGKILLs the rest of its group and writes
   STATUS_DIR/exit (`read_exit`): `pid`, `exit` or `signal`, `error` (a start that
-  failed), `ended` (unix seconds with ns), then exits 0 (1: could not write it).
+  failed), `ended` (unix seconds with ns), then ends as the task did (its exit code,
+  or death by its signal), so that a parent that finds no exit file (a full disk)
+  still learns the end.
 - A restarted agent finds the shim by the pid and create time it journaled (`alive`,
   `wait_exit`) and the result in the exit file. Neither depends on being the shim's
   parent. A shim that is gone without an exit file was SIGKILLed (or the host

@@ -29,7 +29,8 @@
  *        exit <code>   or   signal <number>
  *        error <errno>                 (only when the task could not be started)
  *        ended <unix seconds>.<ns>     (CLOCK_REALTIME, when the leader ended)
- *      and exits 0; 1 if it could not write the file.
+ *      then ends the way the task did: its exit code, or death by its signal (the
+ *      exit file may be missing, on a full disk: a parent still learns the end).
  * Before STATUS_DIR is open it can only report ("error ...") and exit 1; a usage error
  * (no report possible) exits 2. A failure to create the pipe or to fork after that is
  * reported ("error ...") and recorded as "pid 0", "exit 126", "error <errno>".
@@ -45,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -196,6 +198,22 @@ static void let_go(int keep) {
     if (null > 2) close(null);
 }
 
+/* The shim's own end says the task's: the same exit code, or death by the same signal
+ * (no core dump of the shim). A parent that cannot read the exit file (a full disk:
+ * found by the chaos suite's disk-full scenario) still learns how the task ended. */
+static int mirror(int exited, int status) {
+    if (exited) return status;
+    struct rlimit none = {0, 0};
+    setrlimit(RLIMIT_CORE, &none);
+    signal(status, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, status);
+    sigprocmask(SIG_UNBLOCK, &one, NULL);
+    raise(status);
+    return 128 + status; /* a signal that does not end a process (none ends a task so) */
+}
+
 int main(int argc, char **argv) {
     set_all_signals(SIG_IGN);
     if (argc < 5 || strcmp(argv[3], "--") != 0) {
@@ -277,9 +295,15 @@ int main(int argc, char **argv) {
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
     }
 
-    if (!started) return write_exit(dirfd, pid, "exit", 127, err, &ended) < 0 ? 1 : 0;
-    if (w < 0) /* cannot happen for our own child; record something rather than nothing */
-        return write_exit(dirfd, pid, "exit", 127, werr, &ended) < 0 ? 1 : 0;
-    const char *how = si.si_code == CLD_EXITED ? "exit" : "signal";
-    return write_exit(dirfd, pid, how, si.si_status, 0, &ended) < 0 ? 1 : 0;
+    if (!started) {
+        write_exit(dirfd, pid, "exit", 127, err, &ended);
+        return 127;
+    }
+    if (w < 0) { /* cannot happen for our own child; record something rather than nothing */
+        write_exit(dirfd, pid, "exit", 127, werr, &ended);
+        return 127;
+    }
+    int exited = si.si_code == CLD_EXITED;
+    write_exit(dirfd, pid, exited ? "exit" : "signal", si.si_status, 0, &ended);
+    return mirror(exited, si.si_status);
 }

@@ -126,7 +126,7 @@ async def test_exit_recorded(
     before = time.time()
     p, r = start(shim_bin, tmp_path / "st", task)
     pid = await report(r)
-    assert p.wait(timeout=5) == 0
+    assert p.wait(timeout=5) == (code if sig is None else -sig)  # the shim ends as the task did
     rec = shim.read_exit(tmp_path / "st")
     assert rec is not None
     assert (rec.pid, rec.exit_code, rec.signal, rec.error) == (pid, code, sig, None)
@@ -158,7 +158,7 @@ async def test_task_has_its_own_group_and_the_shim_ignores_signals(
     assert p.poll() is None and not ended(pid)
     assert shim.read_exit(tmp_path / "st") is None
     os.killpg(pid, signal.SIGTERM)  # a cancel, as the agent does it
-    assert p.wait(timeout=5) == 0
+    assert p.wait(timeout=5) == -signal.SIGTERM
     rec = shim.read_exit(tmp_path / "st")
     assert rec is not None and (rec.pid, rec.signal, rec.exit_code) == (pid, 15, None)
 
@@ -193,7 +193,7 @@ async def test_exec_failures_are_reported_like_popen(shim_bin: Path, tmp_path: P
             await report(r)
         assert e.value.errno == popen_error.value.errno and e.value.exec_failed
         assert type(e.value.as_oserror()) is type(popen_error.value)
-        assert p.wait(timeout=5) == 0
+        assert p.wait(timeout=5) == 127
         rec = shim.read_exit(st)
         assert rec is not None
         assert (rec.exit_code, rec.signal, rec.error) == (127, None, popen_error.value.errno)
@@ -250,7 +250,7 @@ async def test_passed_pipe_is_not_held_by_the_shim(
     os.set_blocking(pr, True)
     assert os.read(pr, 1) == b""  # EOF: the shim never held it
     os.close(pr)
-    assert p.wait(timeout=5) == 0
+    assert p.wait(timeout=5) == -signal.SIGKILL
 
 
 AGENT = """
@@ -325,7 +325,7 @@ async def test_wait_exit_of_what_is_gone_returns_at_once(shim_bin: Path, tmp_pat
     with trio.fail_after(5):
         rec = await handle.wait()  # our own child: a zombie until reaped, readable anyway
     assert rec is not None and rec.signal == 9
-    assert p.wait(timeout=5) == 0
+    assert p.wait(timeout=5) == -signal.SIGKILL
     with trio.fail_after(2):
         await shim.wait_exit(p.pid, handle.create_time)  # reaped: no such process
 
@@ -342,7 +342,7 @@ async def test_memory_of_a_running_shim(shim_bin: Path, tmp_path: Path, groups: 
     print(f"\nswarm-shim per task: VmRSS {rss_kib} KiB, Pss {pss_kib} KiB")
     assert 0 < rss_kib < 4096
     os.killpg(pid, signal.SIGKILL)
-    assert p.wait(timeout=5) == 0
+    assert p.wait(timeout=5) == -signal.SIGKILL
 
 
 async def test_start_cost(shim_bin: Path, tmp_path: Path) -> None:
@@ -472,3 +472,22 @@ def test_builds_are_cached_per_source_and_swarm_exec_still_builds(
     assert helper.name.startswith("swarm-exec-") and os.access(helper, os.X_OK)
     with pytest.raises(exechelper.HelperUnavailable, match="cannot read"):
         exechelper.build_program(tmp_path / "none.c", "x", tmp_path / "bin")
+
+
+async def test_the_shim_ends_as_the_task_did_when_it_cannot_write_the_exit_file(
+    shim_bin: Path, tmp_path: Path
+) -> None:
+    """A full disk (or a status directory gone): no exit file, but the shim's own end
+    mirrors the task's, so its parent (a running agent) still learns it (found by the
+    chaos suite's disk-full scenario: tasks were recorded as killed by signal 9)."""
+    st = tmp_path / "st"
+    p, r = start(shim_bin, st, ["sh", "-c", "sleep 0.3; exit 3"])
+    await report(r)
+    os.rmdir(st)  # the shim holds it open: its writes there fail
+    assert p.wait(timeout=5) == 3
+    assert shim.read_exit(st) is None
+    st2 = tmp_path / "st2"
+    p, r = start(shim_bin, st2, ["sh", "-c", "sleep 0.3; kill -TERM $$"])
+    await report(r)
+    os.rmdir(st2)
+    assert p.wait(timeout=5) == -signal.SIGTERM
