@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stamp-dev
 # agent and CLI process would otherwise compile swarm from source (~0.2 s per agent).
 BYTECODE = $(PY) -m compileall -q swarm chaos >/dev/null
 
-.PHONY: all venv demo test test-fast lint bench bench-gossip experiments chaos chaos-smoke clean sysdeps
+.PHONY: all venv demo test test-fast fuzz lint bench bench-gossip experiments chaos chaos-smoke clean sysdeps
 
 all: test
 
@@ -50,6 +50,17 @@ test: $(STAMP) sysdeps
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/unit
+
+# `make test` draws hypothesis examples from a fixed seed (tests/conftest.py), so it
+# answers the same on every run; `make fuzz` draws fresh ones, ROUNDS times, from every
+# unit test file that uses hypothesis. A failure prints its example and a
+# @reproduce_failure blob: keep it as an @example.
+ROUNDS ?= 3
+FUZZ_TESTS = $(shell grep -l '^from hypothesis\|^import hypothesis' tests/unit/*.py)
+fuzz: $(STAMP)
+	@$(BYTECODE)
+	@for i in $$(seq $(ROUNDS)); do echo "== fuzz round $$i of $(ROUNDS)"; \
+		SWARM_HYPOTHESIS=random $(PY) -m pytest -q -p no:cacheprovider $(FUZZ_TESTS) || exit 1; done
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check swarm tests bench chaos

@@ -39,11 +39,22 @@ the nodes that can take the home's role over, and decides when one of them does.
   task but is not the runner of the new record FORWARDs (reports its attempt to the new
   home and obeys its answer, as handoff's rule 4); a notice smaller than ours is STALE
   (answer it with `notice_for`, so the lower claimant yields). A node named as runner
-  or replica in a notice starts holding the record. Claims reach every member, and a
+  or replica in a notice starts holding the record; any other node remembers the
+  claim (a bounded, unjournaled table), so that a smaller claim that reaches it later
+  by another path (two adopters of one epoch in split views, notices reordered) is
+  answered STALE instead of followed. Claims reach every member, and a
   STALE answer carries the larger claim back, so once views converge at most one
   authority per task remains, and every live runner or replica of it holds its record;
   none remains only if no live node is a successor in the record it holds (with one
   replica, never after the loss of a single node).
+* **New replicas.** The authority keeps as many replicas as the task had when it took
+  it (the home: as many as it was given). When one has been gone for a grace, or an
+  adopter saw fewer live members than that, it names live members in their place as
+  soon as it sees some (`Rereplicate`: same claim, its `version` + 1, re-told to every
+  member). So a task survives the loss of its home and then of its adopter, or a
+  replica's loss and then its home's, when the two are a grace and a gossip round
+  apart; a second loss inside that window can lose it (with one replica). A home in
+  doubt does not re-replicate: it may no longer be the authority.
 * **Doubt.** A home that learns it was declared dead, or restarts, is `in_doubt` about
   its tasks for one grace unless a notice comes first: an adopter that can reach it
   tells it as soon as it sees it alive again, well within a grace. A caller should not
@@ -66,8 +77,9 @@ accepted at all.
 
 Wiring (not here): feed membership events (`on_event`; this node's own death too, when
 it learns of it), the records this node holds (`hold`, `release`) and notices
-(`on_notice`); call `step` a few times per grace; journal each `Adopt` before acting,
-send the record to its new replicas, and send each `Notice` reliably. A replica must
+(`on_notice`); call `step` a few times per grace; journal each `Adopt` and
+`Rereplicate` before acting, send the task to its new replicas, and send each `Notice`
+reliably. A replica must
 learn each placement (its runner) before the home commits it, or a replica may adopt a
 task that runs elsewhere.
 """
@@ -86,6 +98,7 @@ from .membership_events import MemberEvent
 
 MAX_EPOCH = 2**63 - 1
 MAX_COPIES = 16
+MAX_SEEN = 65_536  # claims remembered for tasks this node holds no record of
 GONE = (MemberState.DEAD, MemberState.LEFT)
 
 
@@ -127,10 +140,12 @@ class Record:
     epoch: int
     runner: NodeId | None = None
     replicas: tuple[NodeId, ...] = ()
+    version: int = 0  # the home's own changes within one claim (new replicas)
 
     @property
-    def key(self) -> tuple[int, NodeId]:
-        return claim_key(self.epoch, self.home)
+    def key(self) -> tuple[int, NodeId, int]:
+        """Claims compare by (epoch, node); one claimant's records by version."""
+        return (*claim_key(self.epoch, self.home), self.version)
 
     def successor_of(self, node: NodeId) -> bool:
         return node != self.home and (node == self.runner or node in self.replicas)
@@ -149,6 +164,20 @@ class Adopt:
 
 
 @attrs.frozen
+class Rereplicate:
+    """This node, the task's authority, names new replicas (a replica was gone for a
+    grace, or fewer were live than wanted when it took the task): journal the record
+    (task, epoch, version, replicas), then send the task to the `added` ones."""
+
+    task_id: TaskId
+    epoch: int
+    version: int
+    replicas: tuple[NodeId, ...]
+    added: tuple[NodeId, ...]
+    reason: str = ""
+
+
+@attrs.frozen
 class Notice:
     """Tell `to` that `home` holds the task's authority at `epoch` (with this record)."""
 
@@ -158,6 +187,7 @@ class Notice:
     epoch: int
     runner: NodeId | None
     replicas: tuple[NodeId, ...]
+    version: int = 0
 
 
 class NoticeAction(enum.Enum):
@@ -189,6 +219,11 @@ class Succession:
         self._held: dict[TaskId, Record] = {}
         self._told: dict[TaskId, dict[NodeId, float]] = {}  # our adoptions: who knows
         self._doubt: dict[TaskId, float] = {}  # home tasks in doubt until
+        self._copies: dict[TaskId, int] = {}  # our tasks: replicas wanted besides us
+        # the largest claim heard for tasks we hold no record of (insertion order:
+        # the oldest goes first past MAX_SEEN), so that a smaller claim delayed behind
+        # it is answered STALE rather than followed
+        self._seen: dict[TaskId, Record] = {}
 
     # ---------------------------------------------------------------- inputs
 
@@ -209,6 +244,7 @@ class Succession:
         """This node restarted (its records come from its journal): a fresh membership
         view, every adopter's notice owed again, home tasks in doubt."""
         self._members.clear()
+        self._seen.clear()  # not journaled: lost with the process
         for told in self._told.values():
             told.clear()
         self._in_doubt_from(now)
@@ -220,15 +256,22 @@ class Succession:
         epoch: int = 1,
         runner: NodeId | None = None,
         replicas: Iterable[NodeId] = (),
+        version: int = 0,
     ) -> bool:
-        """Keep (or update) a task's record; False if older than the one we have."""
+        """Keep (or update) a task's record; False if older than the one we have. For
+        our own tasks the number of replicas given is the number kept from then on."""
         if not 1 <= epoch <= MAX_EPOCH:
             raise ValueError(f"epoch must be in [1, {MAX_EPOCH}], got {epoch}")
-        rec = Record(home, epoch, runner, tuple(replicas))
-        old = self._held.get(task_id)
+        if not 0 <= version <= MAX_EPOCH:
+            raise ValueError(f"version must be in [0, {MAX_EPOCH}], got {version}")
+        rec = Record(home, epoch, runner, tuple(replicas), version)
+        old = self._held.get(task_id) or self._seen.get(task_id)
         if old is not None and rec.key < old.key:
             return False
+        self._seen.pop(task_id, None)
         self._store(task_id, rec)
+        if home == self.me:
+            self._copies[task_id] = max(self._copies.get(task_id, 0), len(rec.replicas))
         return True
 
     def release(self, task_id: TaskId) -> None:
@@ -236,6 +279,8 @@ class Succession:
         self._held.pop(task_id, None)
         self._told.pop(task_id, None)
         self._doubt.pop(task_id, None)
+        self._seen.pop(task_id, None)
+        self._copies.pop(task_id, None)
 
     def on_adoption_notice(
         self,
@@ -244,16 +289,22 @@ class Succession:
         epoch: int,
         runner: NodeId | None = None,
         replicas: Iterable[NodeId] = (),
+        version: int = 0,
     ) -> NoticeAction:
         """Another node claims the task's authority; keep the larger claim."""
-        if not 1 <= epoch <= MAX_EPOCH:
+        if not (1 <= epoch <= MAX_EPOCH and 0 <= version <= MAX_EPOCH):
             return NoticeAction.IGNORE
-        new = Record(new_home, epoch, runner, tuple(replicas))
+        new = Record(new_home, epoch, runner, tuple(replicas), version)
         old = self._held.get(task_id)
         if old is None:
+            seen = self._seen.get(task_id)
+            if seen is not None and new.key < seen.key:
+                return NoticeAction.STALE  # a larger claim came first, by another path
             if new.successor_of(self.me):
+                self._seen.pop(task_id, None)
                 self._store(task_id, new)
                 return NoticeAction.FOLLOW
+            self._remember(task_id, new)
             return NoticeAction.IGNORE
         if new.key < old.key:
             return NoticeAction.STALE
@@ -267,7 +318,7 @@ class Succession:
         return NoticeAction.FOLLOW
 
     def on_notice(self, n: Notice) -> NoticeAction:
-        return self.on_adoption_notice(n.task_id, n.home, n.epoch, n.runner, n.replicas)
+        return self.on_adoption_notice(n.task_id, n.home, n.epoch, n.runner, n.replicas, n.version)
 
     # --------------------------------------------------------------- queries
 
@@ -287,10 +338,10 @@ class Succession:
         return self.is_authority(task_id) and now < self._doubt.get(task_id, -math.inf)
 
     def notice_for(self, task_id: TaskId, to: NodeId) -> Notice | None:
-        rec = self._held.get(task_id)
+        rec = self._held.get(task_id) or self._seen.get(task_id)
         if rec is None:
             return None
-        return Notice(to, task_id, rec.home, rec.epoch, rec.runner, rec.replicas)
+        return Notice(to, task_id, rec.home, rec.epoch, rec.runner, rec.replicas, rec.version)
 
     def gone_for(self, node: NodeId, now: float) -> float | None:
         """How long `node` has been dead or left in this view (None: it is not)."""
@@ -299,14 +350,18 @@ class Succession:
 
     # ------------------------------------------------------------------ step
 
-    def step(self, now: float) -> list[Adopt | Notice]:
-        """The adoptions due now, then the notices owed."""
-        out: list[Adopt | Notice] = []
+    def step(self, now: float) -> list[Adopt | Rereplicate | Notice]:
+        """The adoptions due now, the new replicas of our tasks, then the notices owed."""
+        out: list[Adopt | Rereplicate | Notice] = []
         if self.gone_for(self.me, now) is None:
             for task_id in sorted(self._held):
                 adopt = self._consider(task_id, self._held[task_id], now)
                 if adopt is not None:
                     out.append(adopt)
+            for task_id in sorted(self._copies):
+                again = self._rereplicate(task_id, now)
+                if again is not None:
+                    out.append(again)
         for task_id, told in sorted(self._told.items()):
             for node, m in sorted(self._members.items()):
                 if node != self.me and m.state not in GONE and told.get(node) != m.since:
@@ -338,11 +393,39 @@ class Succession:
         replicas = replica_of(task_id, self.me, [*live, self.me], len(rec.replicas))
         epoch = rec.epoch + 1
         self._store(task_id, Record(self.me, epoch, self.me if as_runner else None, replicas))
+        self._copies[task_id] = len(rec.replicas)
         self._told[task_id] = {}
         gone = self.gone_for(rec.home, now)
         role = "runner" if as_runner else "replica"
         why = f"{rec.home} dead for {gone:.1f}s (grace {self.grace:.1f}s): adopted as {role}"
         return Adopt(task_id, rec.home, epoch, as_runner, replicas, why)
+
+    def _rereplicate(self, task_id: TaskId, now: float) -> Rereplicate | None:
+        """Our task keeps `_copies` replicas: while one has been gone for a grace (or
+        too few were live when we took it) and a live member can stand in, name it.
+        A home in doubt does not: it may no longer be the authority."""
+        rec = self._held.get(task_id)
+        if rec is None or rec.home != self.me or self.in_doubt(task_id, now):
+            return None
+        want = self._copies[task_id]
+        kept = [r for r in rec.replicas if r != self.me and not self._gone_long(r, now)]
+        if len(kept) >= want:
+            return None
+        live = [
+            n
+            for n, m in self._members.items()
+            if m.state is MemberState.ALIVE and n != self.me and n not in kept
+        ]
+        added = replica_of(task_id, self.me, live, want - len(kept))
+        if not added:
+            return None
+        replicas = (*kept, *added)
+        version = rec.version + 1
+        self._store(task_id, attrs.evolve(rec, replicas=replicas, version=version))
+        self._told[task_id] = {}
+        lost = [r for r in rec.replicas if r not in kept]
+        why = f"replicas {', '.join(lost)} gone" if lost else f"{len(kept)} of {want} replicas"
+        return Rereplicate(task_id, rec.epoch, version, replicas, added, why)
 
     # --------------------------------------------------------------- helpers
 
@@ -351,6 +434,13 @@ class Succession:
         if rec.home != self.me:
             self._told.pop(task_id, None)
             self._doubt.pop(task_id, None)
+            self._copies.pop(task_id, None)
+
+    def _remember(self, task_id: TaskId, rec: Record) -> None:
+        self._seen.pop(task_id, None)
+        self._seen[task_id] = rec
+        while len(self._seen) > MAX_SEEN:
+            del self._seen[next(iter(self._seen))]
 
     def _in_doubt_from(self, now: float) -> None:
         for task_id, rec in self._held.items():
