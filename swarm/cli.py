@@ -312,10 +312,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         r = c.call("status", id=args.id)
     t = r["task"]
     migrations = r.get("migrations") or []
+    note = r.get("note")
     if args.json:
-        print(json.dumps({**t, "migrations": migrations}))
+        print(json.dumps({**t, "migrations": migrations, **({"note": note} if note else {})}))
         return EXIT_OK
     print(format_status(t, migrations))
+    if note:
+        _say(f"note: {note}")
     return EXIT_OK
 
 

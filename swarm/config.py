@@ -153,6 +153,7 @@ class Config:
     report_max_age: float | None
     scale: dict[str, Any]
     supervise: bool
+    home_grace: float
     keep_tasks: str
     config_file: Path | None = None
     sharing: Sharing = attrs.field(factory=Sharing)

@@ -102,6 +102,14 @@ OPTIONS: tuple[Option, ...] = (
         _one_of("restart", "always", "never"),
     ),
     Option(
+        "home-grace",
+        "float",
+        30.0,
+        "seconds a task's home must be SWIM-dead before the node that holds the task"
+        " takes its home role over (failover)",
+        _positive,
+    ),
+    Option(
         "keep-finished",
         "str",
         "7d",

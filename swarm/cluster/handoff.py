@@ -363,6 +363,25 @@ class HomeSide:
             return True
         return False
 
+    def adopt(self, spec: TaskSpec, epoch: int, finished: bool) -> HomeEntry:
+        """This node took over the home role of a task it holds (its home is gone for
+        good, cluster/succession.py): it is ours now, held here at `epoch`, and no
+        other node may hold it (the old home's offers are void by the adoption)."""
+        e = self.entries[spec.id] = HomeEntry(
+            task_id=spec.id,
+            spec=spec,
+            epoch=epoch,
+            next_epoch=epoch + 1,
+            where=self.node,
+            phase=HomePhase.DONE if finished else HomePhase.LOCAL,
+        )
+        return e
+
+    def yield_to(self, task_id: TaskId) -> HomeEntry | None:
+        """Another node took the task over (an adoption notice with a larger claim):
+        forget our entry; our record now points at the new home."""
+        return self.entries.pop(task_id, None)
+
     def holder(self, task_id: TaskId) -> NodeId | None:
         e = self.entries.get(task_id)
         if e is None:
@@ -635,6 +654,12 @@ class GuestSide:
         entry.running = False
         entry.next_at = 0.0
         self.entries[entry.task_id] = entry
+
+    def adopt(self, task_id: TaskId) -> GuestEntry | None:
+        """We take over the home role of a task we hold for a home gone for good: the
+        entry goes (tombstoned at its epoch, so a late offer or commit of the old
+        home's cannot bring it back as a guest)."""
+        return self._remove(task_id)
 
     def on_offer(
         self, sender: NodeId, o: Offer, now: float, refusal: str | None

@@ -92,9 +92,11 @@ from collections.abc import Iterable
 
 import attrs
 
+from .. import wire
 from ..model import MemberState, NodeId, TaskId
 from .actor import rendezvous_order
 from .membership_events import MemberEvent
+from .messages import MAX_ID_LEN
 
 MAX_EPOCH = 2**63 - 1
 MAX_COPIES = 16
@@ -317,6 +319,12 @@ class Succession:
             return NoticeAction.DROP
         return NoticeAction.FOLLOW
 
+    def retell(self, task_id: TaskId, node: NodeId) -> None:
+        """A notice of ours did not reach `node`: owe it again (the next `step`)."""
+        told = self._told.get(task_id)
+        if told is not None:
+            told.pop(node, None)
+
     def on_notice(self, n: Notice) -> NoticeAction:
         return self.on_adoption_notice(n.task_id, n.home, n.epoch, n.runner, n.replicas, n.version)
 
@@ -446,3 +454,34 @@ class Succession:
         for task_id, rec in self._held.items():
             if rec.home == self.me:
                 self._doubt[task_id] = now + self.grace
+
+
+# ------------------------------------------------------------------------ wire
+
+
+def notice_to_wire(n: Notice) -> dict[str, object]:
+    return {
+        "id": n.task_id,
+        "home": n.home,
+        "epoch": n.epoch,
+        "runner": n.runner,
+        "replicas": list(n.replicas),
+        "version": n.version,
+    }
+
+
+def notice_from_wire(obj: object, to: NodeId) -> Notice:
+    """A peer's notice (wire.SchemaError naming the field if malformed)."""
+    f = wire.Fields(obj, "adoption notice")
+    tid = f.task_id("id", required=True)
+    home = f.str("home", required=True, max_len=MAX_ID_LEN)
+    epoch = f.int("epoch", required=True, lo=1, hi=MAX_EPOCH)
+    runner = f.str("runner", None, max_len=MAX_ID_LEN)
+    replicas = f.str_list("replicas", max_items=MAX_COPIES)
+    version = f.int("version", 0, lo=0, hi=MAX_EPOCH)
+    f.done()
+    if not home:
+        raise wire.SchemaError("adoption notice: field 'home': empty node id")
+    if any(not r or len(r) > MAX_ID_LEN for r in replicas):
+        raise wire.SchemaError("adoption notice: field 'replicas': an empty or long node id")
+    return Notice(to, tid, home, epoch, runner or None, tuple(replicas), version)

@@ -14,6 +14,7 @@ import attrs
 
 from .. import model as m
 from ..cluster import handoff as h
+from ..cluster.succession import Notice
 
 # ----------------------------------------------------------------- instructions
 
@@ -187,6 +188,16 @@ class KickRunner:
 
 
 @attrs.frozen
+class SendNotices:
+    """Tell `dest` who holds these tasks' home role now (adoptions, failover.py); feed
+    its counter-notices back (`on_notices`), or `NoticesUndelivered` if it is not
+    reached."""
+
+    dest: m.NodeId
+    notices: tuple[Notice, ...]
+
+
+@attrs.frozen
 class Later:
     """Carry these out in a task of their own (the caller must not wait on them)."""
 
@@ -217,6 +228,7 @@ Instruction = (
     | MigrationRound
     | SyncGlobals
     | KickRunner
+    | SendNotices
     | Later
 )
 
@@ -267,6 +279,21 @@ class TaskEnded(Stimulus):
 @attrs.frozen
 class NodeDead(Stimulus):
     node: m.NodeId
+
+
+@attrs.frozen
+class MembersSeen(Stimulus):
+    """Members' states in this node's view: a change, or a snapshot (this node too)."""
+
+    states: tuple[tuple[m.NodeId, m.MemberState], ...]
+
+
+@attrs.frozen
+class NoticesUndelivered(Stimulus):
+    """These notices did not reach their node: owe them again."""
+
+    dest: m.NodeId
+    notices: tuple[Notice, ...]
 
 
 @attrs.frozen
@@ -326,5 +353,7 @@ Event = (
     | TaskStarted
     | TaskEnded
     | NodeDead
+    | MembersSeen
+    | NoticesUndelivered
     | CancelRemote
 )

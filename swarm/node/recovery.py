@@ -4,6 +4,8 @@ Keys (the task records themselves are rows of their own, not keys):
   home:<id>    the home side's entry of a task submitted here (handoff epoch, holder)
   guest:<id>   the guest side's entry of a task held here for another home
   tomb:<id>    [epoch, wall time]: a guest entry that ended (late offers are refused)
+  adopt:<id>   [old home, claim epoch]: a task whose home role this node took over
+               (failover.py; cluster/succession.py)
   gpu:<id>     a task's GPU slice allocation (a re-queued task restarts on it)
   globals      the global-task set (a CRDT, also gossiped)
   shares, undrain_shares   this node's shares and what an undrain gives back (shares.py)
@@ -25,6 +27,7 @@ from . import events as ev
 HOME = "home:"
 GUEST = "guest:"
 TOMB = "tomb:"
+ADOPT = "adopt:"
 GPU = "gpu:"
 GLOBALS_KEY = "globals"
 USAGE_KEY = "usage"  # this node's decayed usage per principal (fair share, runqueue.py)

@@ -22,6 +22,7 @@ import attrs
 
 from .. import model as m
 from ..cluster import handoff as h
+from ..cluster.succession import Succession
 from ..policy import fairness as fair
 from ..policy import gpu as gpupol
 from ..policy import load as loadpol
@@ -31,6 +32,7 @@ from ..policy.sharing import Sharing
 from ..policy.view import LoadView
 from . import events as ev
 from . import gate
+from .failover import Failover
 from .loadstate import LoadState, unmeasured
 from .location import Location
 from .placing import Job, Placing
@@ -63,9 +65,11 @@ class Settings:
     data_delay: float = 3.0  # delay scheduling: a data task waits this long for a holder
     labels: tuple[tuple[str, str], ...] = ()  # this node's labels (static + discovered)
     data_digest: bytes = b""  # Bloom digest of the data keys held here
+    # issue 19: a task held here is adopted once its home has been SWIM-dead this long
+    home_grace: float = 30.0
 
 
-class NodeState(Location, LoadState, Placing, Timers, RunQueue):
+class NodeState(Location, Failover, LoadState, Placing, Timers, RunQueue):
     def __init__(
         self,
         node: m.NodeId,
@@ -86,6 +90,9 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
         self.records = records if records is not None else TaskRecords()
         self.ledger = ledger
         self.handoffs = Handoffs(node)
+        self.succession = Succession(node, settings.home_grace)
+        self.adopted: dict[m.TaskId, tuple[m.NodeId, int]] = {}  # failover.py
+        self.failover_at = 0.0
         self.gpus = gpupol.GpuAllocator(gpu_devices)
         self.gpu_policy = settings.gpu_policy
         self.view = LoadView()
@@ -175,6 +182,10 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
                 out += self.on_peer_report(s.report, s.at, now, wall)
             elif isinstance(s, ev.NodeDead):
                 out += self.on_node_dead(s.node, now, wall)
+            elif isinstance(s, ev.MembersSeen):
+                self.members_seen(s.states, now)
+            elif isinstance(s, ev.NoticesUndelivered):
+                self.notices_undelivered(s.notices)
             elif isinstance(s, ev.CancelRemote):
                 out += self.cancel_remote(s.task_id, now, wall)
             elif isinstance(s, ev.Sampled):
@@ -296,6 +307,9 @@ class NodeState(Location, LoadState, Placing, Timers, RunQueue):
         outs = self.home.tick(now) + self.guest.tick(now)
         if outs:
             out += self.apply(outs, [], now, wall)
+        if now >= self.failover_at:  # at most once a second: it looks at every entry
+            self.failover_at = now + 1.0
+            out += self.failover_tick(now, wall)
         ops = self.handoffs.expire_tombstones(wall)
         if ops:
             out.append(ev.Persist(tuple(ops)))

@@ -30,6 +30,7 @@ from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpd
 from ..logs import EventLog
 from ..node import events as ev
 from ..node import recovery
+from ..node.failover import restore_adopted
 from ..node.loadstate import changed_meaningfully
 from ..node.state import NodeState, Settings
 from ..policy import gpu as gpupol
@@ -37,6 +38,7 @@ from ..policy import shares as sh
 from ..policy import transfer as tr
 from .clock import Clock
 from .effects import Effects, MoveHooks
+from .failoverio import FailoverIO
 from .globaltasks import GlobalTaskIO
 from .journal import Journal
 from .net import TransportError
@@ -53,7 +55,7 @@ TOMB_TTL = recovery.TOMB_TTL
 USAGE_KEY = recovery.USAGE_KEY
 
 
-class Driver(Effects):
+class Driver(Effects, FailoverIO):
     def __init__(
         self,
         *,
@@ -201,6 +203,7 @@ class Driver(Effects):
         )
         if globals_ is not None:
             self.state.globals = globals_
+        self.state.adopted = restore_adopted(kv)
         usage = kv.get(USAGE_KEY)
         if usage is not None:
             try:
@@ -416,6 +419,7 @@ class Driver(Effects):
                 self.state.view.upsert(e.report, e.at)
         elif isinstance(e, MemberEvent):
             node = e.member.node
+            self._members_seen(e)
             if node == self.node:
                 return
             if e.kind in (EventKind.DEAD, EventKind.LEFT):

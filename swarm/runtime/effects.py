@@ -60,6 +60,7 @@ class Effects:
     if TYPE_CHECKING:  # provided by Driver
 
         async def _deliver(self, s: h.Send) -> None: ...
+        async def _send_notices(self, i: ev.SendNotices) -> None: ...
         def sample_now(self) -> None: ...
         def publish_load(self, report: m.LoadReport | None = None) -> None: ...
         def load_changed(self) -> None: ...
@@ -162,6 +163,8 @@ class Effects:
             self.globals_io.kick()
         elif isinstance(i, ev.KickRunner):
             self.runner.kick()
+        elif isinstance(i, ev.SendNotices):
+            self._spawn(self._send_notices, i)
         elif isinstance(i, ev.Later):
             self._spawn(self.execute, list(i.instructions))
 

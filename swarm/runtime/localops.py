@@ -11,9 +11,7 @@ caller; `Shares` changes the node's shares (drain, undrain).
 
 from __future__ import annotations
 
-import functools
 import os
-import pwd
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,6 +25,7 @@ from ..policy.shares import ShareLedger
 from .api import Ops, PeerCred, RequestError
 from .clock import Clock
 from .driver import Driver
+from .explainops import ExplainOps
 from .isolation import Identities
 from .journal import Event, Journal, JournalError, PutKV
 from .logread import read_log
@@ -35,10 +34,11 @@ from .net import TransportError
 from .peers import ClusterNode, RemoteError
 from .queueops import QueueOps
 from .runner import LocalRunner
+from .taskaccess import TaskAccess, unreachable, user_name
 from .tasks import TaskTable, UnknownTask
 
 
-class LocalOps:
+class LocalOps(ExplainOps):
     def __init__(
         self,
         *,
@@ -107,7 +107,7 @@ class LocalOps:
         if not self.accepting:
             raise RequestError("unavailable", "agent is shutting down; not accepting tasks")
         wait_for_node = f.bool("wait_for_node", False)
-        spec, member_of = self.queue_ops.submit_spec(f, cred, _user_name(cred.uid), self.node)
+        spec, member_of = self.queue_ops.submit_spec(f, cred, user_name(cred.uid), self.node)
         refusal = self.identities.submit_refusal(cred.uid, spec.user)
         if refusal is not None:
             raise RequestError("permission_denied", refusal)
@@ -200,9 +200,13 @@ class LocalOps:
 
     async def op_status(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self.access.task(f, cred)
+        note = self.access.unanswered.pop(t.id, None)
         f.done()
         self.access.authorize(t, cred)
-        return {"task": codec.task_to_wire(t), "migrations": await self._migrations(t)}
+        out = {"task": codec.task_to_wire(t), "migrations": await self._migrations(t)}
+        if note is not None:
+            out["note"] = note
+        return out
 
     async def _migrations(self, t: m.Task) -> list[dict[str, Any]]:
         """The task's migrations, as its home recorded them."""
@@ -232,7 +236,7 @@ class LocalOps:
                 ] + finished
             tasks = sorted(finished, key=lambda t: (t.created_at, t.id)) + tasks
         if not self.access.operator(cred):  # others' tasks (argv, env) are not yours to see
-            name = _user_name(cred.uid)
+            name = user_name(cred.uid)
             tasks = [t for t in tasks if self.access.owns(t, cred, name)]
         tasks = tasks[-limit:]
         classes = dict(self.queue_ops.sharing.classes)
@@ -259,7 +263,12 @@ class LocalOps:
                     await self.table.wait_change(t.id)
             return self.table.get_cached(t.id) or t
         if t.spec.home != self.node:
-            r = await self.cluster.request(t.spec.home, {"op": "cancel", "id": t.id}, timeout=35.0)
+            try:
+                r = await self.cluster.request(
+                    t.spec.home, {"op": "cancel", "id": t.id}, timeout=35.0
+                )
+            except TransportError as e:
+                raise unreachable(t, "cancel it", e) from None
             return codec.task_from_wire(r["task"])
         if t.node == self.node and t.id in self.runner.running:
             await self.runner.cancel(t.id, cause)
@@ -335,53 +344,6 @@ class LocalOps:
                 )
         return {"nodes": out}
 
-    async def op_explain(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
-        t = await self.access.task(f, cred)
-        f.done()
-        self.access.authorize(t, cred)
-        if t.spec.home not in ("", self.node) and not t.spec.is_global:
-            r = await self.cluster.request(t.spec.home, {"op": "explain", "id": t.id}, timeout=5.0)
-            return {"task": codec.task_to_wire(t), "decisions": r.get("decisions", [])}
-        return {"task": codec.task_to_wire(t), "decisions": await self._explain_all(t)}
-
-    async def _explain_all(self, t: m.Task) -> list[dict[str, Any]]:
-        """The home's decisions, plus why the executing node has not started it yet."""
-        out = await self._explain(t.id)
-        if t.node not in ("", self.node):
-            # the executing node's own decisions (why it waits there, a preemption);
-            # for a finished task only if that node answers at once
-            try:
-                r = await self.cluster.request(
-                    t.node,
-                    {"op": "explain", "id": t.id, "local": True},
-                    timeout=1.0 if t.state.terminal else 3.0,
-                )
-                out += [{**d, "node": t.node} for d in r.get("decisions", [])]
-            except (TransportError, RemoteError) as e:
-                if not t.state.terminal:
-                    out.append({"at": self.clock.wall(), "outcome": f"cannot ask {t.node}: {e}"})
-        return out
-
-    async def _explain(self, tid: m.TaskId) -> list[dict[str, Any]]:
-        out = await self.coord.explain(tid)
-        blocked = self.runner.blocked.get(tid)
-        if blocked:
-            out.append({"at": self.clock.wall(), "outcome": "queued here, not started: " + blocked})
-        out += self.queue_ops.explain(tid)
-        return out
-
-    async def rpc_explain(
-        self, req: dict[str, Any], sender: m.NodeId, stream: Any
-    ) -> dict[str, Any]:
-        tid = request_checks.check_task_id(req.get("id"))
-        if req.get("local"):
-            return {"decisions": await self._explain(tid)}
-        try:
-            t = await self.table.get(tid)
-        except UnknownTask:
-            return {"decisions": await self._explain(tid)}
-        return {"decisions": await self._explain_all(t)}
-
     async def op_logs(self, f: wire.Fields, cred: PeerCred) -> AsyncIterator[dict[str, Any]]:
         t = await self.access.task(f, cred)
         which = f.str("stream", "stdout")
@@ -434,94 +396,6 @@ class LocalOps:
                 yield part
                 if not part.get("more"):
                     return
-
-
-class TaskAccess:
-    """Finds the task a request names (here, or at its home) and says whether the
-    caller may see and control it."""
-
-    def __init__(self, *, node: m.NodeId, table: TaskTable, cluster: ClusterNode) -> None:
-        self.node = node
-        self.table = table
-        self.cluster = cluster
-
-    def operator(self, cred: PeerCred) -> bool:
-        """Root and the agent's own user see and control every task here."""
-        return cred.uid == 0 or cred.uid == os.getuid()
-
-    def owns(self, task: m.Task, cred: PeerCred, name: str | None) -> bool:
-        """Whether the caller submitted `task`: by uid at its home node, by user name
-        elsewhere (uids may differ between hosts; names are what tasks run as)."""
-        spec = task.spec
-        if spec.uid is None:
-            return True
-        if spec.home in ("", self.node) or spec.user is None:
-            return spec.uid == cred.uid
-        return spec.user == name
-
-    def authorize(self, task: m.Task, cred: PeerCred) -> None:
-        if self.operator(cred) or self.owns(task, cred, _user_name(cred.uid)):
-            return
-        raise RequestError("permission_denied", f"task {task.id} belongs to another user")
-
-    async def find(self, tid: m.TaskId) -> m.Task:
-        """The authoritative record: the home's. Ask the home (or everyone) if not here."""
-        local: m.Task | None
-        try:
-            local = await self.table.get(tid)
-        except UnknownTask:
-            local = None
-        if local is not None and (local.spec.home in ("", self.node) or local.spec.is_global):
-            return local
-        homes = [local.spec.home] if local is not None else []
-        if not homes and self.cluster.membership is not None:
-            homes = [
-                mb.node for mb in self.cluster.membership.alive_members() if mb.node != self.node
-            ]
-        found = await self._ask_records(homes, tid)
-        if found is not None:
-            return found
-        if local is not None:
-            return local
-        raise RequestError("not_found", f"no task {tid}")
-
-    async def _ask_records(self, nodes: list[m.NodeId], tid: m.TaskId) -> m.Task | None:
-        results: list[m.Task] = []
-
-        async def ask(node: m.NodeId) -> None:
-            try:
-                r = await self.cluster.request(node, {"op": "task", "id": tid}, timeout=2.0)
-            except (TransportError, RemoteError):
-                return
-            if r.get("task") is not None:
-                try:
-                    t = codec.task_from_wire(r["task"])
-                except wire.WireError:
-                    return
-                if t.spec.home == node or not results:
-                    results.insert(0 if t.spec.home == node else len(results), t)
-
-        async with trio.open_nursery() as n:
-            for node in nodes[:256]:
-                n.start_soon(ask, node)
-        return results[0] if results else None
-
-    async def task(self, f: wire.Fields, cred: PeerCred | None = None) -> m.Task:
-        tid = request_checks.check_task_id(f.str("id", required=True, max_len=m.MAX_TASK_ID_LEN))
-        if cred is not None and "~" not in tid and m.valid_client_task_id(tid):
-            # the caller's own chosen id, named without its owner part ("job1"), at the
-            # node it was submitted to; the journal is read only for an id that does not
-            # look generated (`swarm wait tXXXX` must not pay a disk read for this)
-            own = m.owned_task_id(tid, cred.uid, _user_name(cred.uid))
-            cached = self.table.get_cached(own)
-            if cached is not None:
-                return cached
-            if not m.GENERATED_TASK_ID.fullmatch(tid):
-                try:
-                    return await self.table.get(own)
-                except UnknownTask:
-                    pass
-        return await self.find(tid)
 
 
 class Shares:
@@ -595,12 +469,3 @@ class Shares:
             ) from None
         self.coord.run_inline(self.changes.landed(change.seq))
         return self.changes.answer()
-
-
-@functools.lru_cache(maxsize=4096)
-def _user_name(uid: int) -> str | None:
-    """Cached: a passwd lookup can cost a millisecond (NSS), once per submit adds up."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None

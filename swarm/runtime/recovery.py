@@ -168,5 +168,7 @@ def forget_task_state(coord: Driver, journal: Journal, tid: m.TaskId) -> None:
     coord.explains.pop(tid, None)
     if coord.home.forget(tid):
         journal.enqueue([DelKV("home:" + tid)])
+    if coord.state.adopted.pop(tid, None) is not None:
+        journal.enqueue([DelKV("adopt:" + tid)])
     # its supervisor's status directory (the exit file served once the end was journaled)
     shutil.rmtree(coord.runner.shim_root / tid, ignore_errors=True)

@@ -285,6 +285,7 @@ def driver(
         sharing=config.sharing,
         report_max_age=max_age,
         data_delay=config.data_delay,
+        home_grace=config.home_grace,
         labels=node_labels(config, gpus),
         data_digest=data_digest(config, log),
     )

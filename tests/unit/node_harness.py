@@ -50,6 +50,8 @@ class FakeNode:
         self.preempted: list[ev.Preempt] = []
         self.logs: list[str] = []
         self.retry_failed_offers = False
+        self.notices_out: list[ev.SendNotices] = []
+        self.forgotten: list[m.TaskId] = []
 
     # ------------------------------------------------------------ driver
 
@@ -88,6 +90,10 @@ class FakeNode:
                     self.placements.append(i.task_id)  # the waiting placement retries
             elif isinstance(i, ev.Log):
                 self.logs.append(i.event)
+            elif isinstance(i, ev.SendNotices):
+                self.notices_out.append(i)
+            elif isinstance(i, ev.Forget):
+                self.forgotten.append(i.task_id)
             elif isinstance(i, ev.Later):
                 self.run(list(i.instructions))
 

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from swarm import codec, crypto, request_checks, wire
 from swarm import model as m
 from swarm.cluster import messages as msgs
+from swarm.cluster import succession
 from swarm.runtime import journal as jr
 from swarm.runtime import journaldb, net
 from swarm.runtime.api import ApiServer, Ops, PeerCred
@@ -117,6 +118,7 @@ TASK = m.new_task(SPEC, 2.0, "n1")
 GPUF = m.GpuDeviceFree(index=0, free_core=50, free_mem=1 << 30, total_mem=1 << 34)
 LOAD = m.LoadReport(node="n1", version=5, cpus=4.0, mem_total=1 << 33, gpus=(GPUF,))
 MEMBER = m.Member(node="n2", addr="10.0.0.2", port=7946, incarnation=3, cluster="c")
+NOTICE = succession.Notice("n1", "t0123456789abcdef", "n2", 3, "n2", ("n3", "n4"), 1)
 
 CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = [
     ("task", codec.task_from_wire, codec.task_to_wire(TASK)),
@@ -125,6 +127,11 @@ CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = [
     ("load_report", codec.load_report_from_wire, codec.load_report_to_wire(LOAD)),
     ("member", codec.member_from_wire, codec.member_to_wire(MEMBER)),
     ("gpu_request", codec.gpu_request_from_wire, codec.gpu_request_to_wire(SPEC.gpu)),  # type: ignore[arg-type]
+    (
+        "adoption_notice",
+        lambda obj: succession.notice_from_wire(obj, "n1"),
+        succession.notice_to_wire(NOTICE),
+    ),
 ]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+import re
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from swarm import wire
 from swarm.cluster.actor import rendezvous_order
 from swarm.cluster.membership_events import EventKind, MemberEvent
 from swarm.cluster.succession import (
@@ -30,6 +32,8 @@ from swarm.cluster.succession import (
     Rereplicate,
     Succession,
     claim_key,
+    notice_from_wire,
+    notice_to_wire,
     replica_of,
     replicas_wanted,
 )
@@ -726,3 +730,23 @@ def test_the_simulation_does_adopt() -> None:
         assert net.succ["n0"].record(tid) == net.succ[q[0] if tid == "q" else "n1"].record(tid)
     assert not net.succ["n0"].is_authority("r") and not net.succ["n0"].is_authority("q")
     assert net.up["n0"]
+
+
+# ------------------------------------------------------------------------ wire
+
+
+def test_notices_round_trip_and_bad_fields_are_named() -> None:
+    n = Notice("n1", "t1", "n2", 3, None, ("n3",), 2)
+    assert notice_from_wire(notice_to_wire(n), "n1") == n
+    good = notice_to_wire(n)
+    for field, value, says in [
+        ("id", "../etc", "field 'id'"),
+        ("epoch", 0, "field 'epoch'"),
+        ("home", "", "field 'home'"),
+        ("replicas", ["a"] * 17, "field 'replicas'"),
+        ("replicas", [""], "field 'replicas'"),
+        ("version", -1, "field 'version'"),
+        ("extra", 1, "unknown field(s) 'extra'"),
+    ]:
+        with pytest.raises(wire.SchemaError, match=re.escape(says)):
+            notice_from_wire({**good, field: value}, "n1")

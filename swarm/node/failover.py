@@ -1,0 +1,208 @@
+"""Home failover (pure): the node that holds a task whose home is gone for good takes
+the home role over; a home that comes back learns of it and lets go (issue 19).
+
+The rules are cluster/succession.py's (who adopts, when, with what epoch, what a
+notice means); this part of NodeState feeds it this node's membership view and the
+tasks that could change hands here, and carries its decisions out on the records and
+the handoff sides:
+
+* **Adopt** (we hold the task for a home SWIM-dead for `home_grace`): the guest entry
+  goes (tombstoned), the record names this node its home (with a history line), a
+  home entry holds it here at the handoff epoch it had, and `adopt:<id>` keeps the
+  claim's epoch across restarts; all journaled before any notice leaves. A queued
+  task (also one that waited for its home's confirmation after our restart) runs here;
+  a running one finishes here and its result is final here; a finished one whose
+  result the dead home never acknowledged is final as it is. `status`, `logs`,
+  `cancel` and `explain` are answered here from then on, at every node (a node
+  without the record asks every member, and this one answers).
+* **Notices** go to every member, batched per member, and again to each member that
+  comes back (alive after dead in our view): the old home, restarted with its disk,
+  learns that way. A notice that does not arrive is owed again.
+* **Yield** (a notice with a larger claim for a task whose home role we hold, or one
+  we run): the home entry and our copy of the record go (the task's record is at the
+  new home); a copy we still run is stopped (a second run, recorded at the node that
+  made it). So a home that comes back never places or runs the task again.
+
+Wired today: the runner's adoption (a task committed here: queued, running, or
+finished with its result unacknowledged; also one only offered here, whose commit
+the dead home never sent). Not yet: replicas of tasks queued at their home (such a
+task is lost with its home's disk), `--at-most-once` fencing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .. import model as m
+from ..cluster import handoff as h
+from ..cluster.succession import Adopt, Notice, NoticeAction, Succession
+from ..policy import shares as sh
+from . import events as ev
+from .records import TaskRecords
+from .recovery import ADOPT, HOME, Handoffs
+
+S = m.TaskState
+NOTICES_PER_MESSAGE = 256
+
+
+class Failover:
+    """The failover part of NodeState (state.py), which holds the fields below."""
+
+    node: m.NodeId
+    records: TaskRecords
+    handoffs: Handoffs
+    ledger: sh.ShareLedger
+    queued: Any
+    running: Any
+    arrived: dict[m.TaskId, float]
+    succession: Succession
+    adopted: dict[m.TaskId, tuple[m.NodeId, int]]  # task -> (old home, claim epoch)
+    counters: dict[str, int]
+
+    if TYPE_CHECKING:  # provided by the other parts of NodeState
+
+        def enqueue_local(
+            self, task: m.Task, now: float, front: bool = False
+        ) -> list[ev.Instruction]: ...
+        def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]: ...
+
+    # ------------------------------------------------------------- inputs
+
+    def members_seen(self, states: tuple[tuple[m.NodeId, m.MemberState], ...], now: float) -> None:
+        """Member states in this node's view (changes, or a whole snapshot: a member
+        first heard of as dead, after a restart, comes with no event)."""
+        for node, state in states:
+            self.succession.on_member(node, state, now)
+
+    def failover_tick(self, now: float, wall: float) -> list[ev.Instruction]:
+        """Adopt what is due, then send the notices owed, batched per member."""
+        self._sync_succession()
+        out: list[ev.Instruction] = []
+        owed: dict[m.NodeId, list[Notice]] = {}
+        for d in self.succession.step(now):
+            if isinstance(d, Adopt):
+                out += self._adopt(d, now, wall)
+            elif isinstance(d, Notice):
+                owed.setdefault(d.to, []).append(d)
+        for dest, notices in sorted(owed.items()):
+            for i in range(0, len(notices), NOTICES_PER_MESSAGE):
+                out.append(ev.SendNotices(dest, tuple(notices[i : i + NOTICES_PER_MESSAGE])))
+        return out
+
+    def notices_undelivered(self, notices: tuple[Notice, ...]) -> None:
+        for n in notices:
+            self.succession.retell(n.task_id, n.to)
+
+    def on_notices(
+        self, sender: m.NodeId, notices: tuple[Notice, ...], now: float, wall: float
+    ) -> tuple[list[Notice], list[ev.Instruction]]:
+        """A peer's notices: the counter-notices to answer with (ours is the larger
+        claim) and what to do."""
+        self._sync_succession()
+        answers: list[Notice] = []
+        out: list[ev.Instruction] = []
+        for n in notices:
+            action = self.succession.on_notice(n)
+            if action is NoticeAction.STALE:
+                mine = self.succession.notice_for(n.task_id, sender)
+                if mine is not None:
+                    answers.append(mine)
+            elif action in (NoticeAction.DROP, NoticeAction.FORWARD):
+                out += self._yield(n, wall)
+        return answers, out
+
+    # ----------------------------------------------------------- helpers
+
+    def _sync_succession(self) -> None:
+        """Hold in the succession core a record of every task that could change hands
+        here: those we hold for other homes, those of ours held elsewhere, those we
+        adopted; release the others."""
+        me, succ = self.node, self.succession
+        want: dict[m.TaskId, tuple[m.NodeId, int, m.NodeId | None]] = {}
+        for tid, ge in self.handoffs.guest.entries.items():
+            want[tid] = (ge.home, 1, me)
+        for tid, he in self.handoffs.home.entries.items():
+            if tid in self.adopted:
+                want[tid] = (me, self.adopted[tid][1], me)
+            elif he.where not in ("", me) and he.phase is not h.HomePhase.DONE:
+                want[tid] = (me, 1, he.where)
+        for tid, (home, epoch, runner) in want.items():
+            rec = succ.record(tid)
+            if rec is None or (rec.home, rec.epoch, rec.runner) != (home, epoch, runner):
+                succ.hold(tid, home, epoch, runner)
+        for tid in [t for t in succ.held() if t not in want]:
+            succ.release(tid)
+
+    def _adopt(self, d: Adopt, now: float, wall: float) -> list[ev.Instruction]:
+        tid = d.task_id
+        ge = self.handoffs.guest.adopt(tid)
+        if ge is None:  # nothing held here after all (cannot happen: synced above)
+            return []
+        spec = attrs.evolve(ge.spec, home=self.node)
+        cause = f"adopted from {d.from_home}: {d.reason}"
+        t = self.records.get_cached(tid)
+        if t is None:  # only offered here (no commit came): it is queued here now
+            t = m.new_task(spec, wall, self.node, cause=cause)
+        else:
+            note = m.Transition(wall, t.state, t.state, cause, self.node)
+            t = attrs.evolve(t, spec=spec, history=(*t.history, note))
+        out: list[ev.Instruction] = []
+        if t.state is S.MIGRATING and tid not in self.running:
+            # its move waited on the dead home: it runs here again, from its checkpoint
+            t = m.transition(t, S.QUEUED, wall, "move not carried out: runs here again")
+        self.records.store(t)
+        self.handoffs.home.adopt(spec, ge.epoch, finished=t.state.terminal)
+        self.adopted[tid] = (d.from_home, d.epoch)
+        self.counters["adopted"] = self.counters.get("adopted", 0) + 1
+        ops = [*self.handoffs.persist_ops([tid], wall), ev.Put(ADOPT + tid, [d.from_home, d.epoch])]
+        out += [ev.Record(t, durable=True), ev.Persist(tuple(ops), durable=True)]
+        out.append(ev.log("warning", "failover.adopted", task=tid, home=d.from_home, epoch=d.epoch))
+        if t.state is S.QUEUED and tid not in self.queued and tid not in self.running:
+            out += self.enqueue_local(t, now)
+        out.append(ev.KickRunner())  # a queued copy waiting for its home may start now
+        return out
+
+    def _yield(self, n: Notice, wall: float) -> list[ev.Instruction]:
+        """`n.home` holds the task's home role by a larger claim than ours."""
+        tid = n.task_id
+        self.handoffs.home.yield_to(tid)
+        self.handoffs.guest.adopt(tid)  # a copy we held for the old home: gone too
+        self.adopted.pop(tid, None)
+        self.counters["yielded"] = self.counters.get("yielded", 0) + 1
+        ops = self.handoffs.persist_ops([tid], wall)
+        ops += [ev.Delete(HOME + tid), ev.Delete(ADOPT + tid)]
+        out: list[ev.Instruction] = [ev.Persist(tuple(ops), durable=True)]
+        out.append(ev.log("warning", "failover.yielded", task=tid, to=n.home, epoch=n.epoch))
+        why = f"{n.home} holds it now (adoption, epoch {n.epoch})"
+        if tid in self.running:
+            # a copy runs here too: stop it; our record of that run stays, as a copy
+            # that points at the new home (no report goes anywhere: no entry is left)
+            t = self.records.get_cached(tid)
+            if t is not None:
+                t = attrs.evolve(t, spec=attrs.evolve(t.spec, home=n.home))
+                self.records.store(t)
+                out.append(ev.Record(t, durable=True))
+            return [*out, ev.StopRun(tid, why)]
+        if tid in self.queued:
+            out.append(ev.Dequeue(tid))
+        self.ledger.remove(tid)
+        out += self.release_gpu(tid)
+        self.arrived.pop(tid, None)
+        if self.records.get_cached(tid) is not None:
+            self.records.forget(tid)
+            out.append(ev.Forget(tid))
+        return out
+
+
+def restore_adopted(kv: dict[str, Any]) -> dict[m.TaskId, tuple[m.NodeId, int]]:
+    """The adoptions journaled here (`adopt:<id>` -> [old home, epoch])."""
+    out: dict[m.TaskId, tuple[m.NodeId, int]] = {}
+    for key, value in kv.items():
+        if key.startswith(ADOPT):
+            try:
+                out[key[len(ADOPT) :]] = (str(value[0]), int(value[1]))
+            except (TypeError, ValueError, IndexError):
+                continue
+    return out

@@ -1,0 +1,83 @@
+"""Failover over the wire: adoption notices out and in, and the membership view that
+the node's failover rules follow (node/failover.py, cluster/succession.py). A part of
+the Driver (driver.py), which holds the fields below."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import model as m
+from .. import wire
+from ..cluster.membership import EventKind, MemberEvent
+from ..cluster.succession import Notice, notice_from_wire, notice_to_wire
+from ..logs import EventLog
+from ..node import events as ev
+from ..node.failover import NOTICES_PER_MESSAGE
+from ..node.state import NodeState
+from .net import TransportError
+from .peers import ClusterNode, RemoteError
+
+
+class FailoverIO:
+    node: m.NodeId
+    state: NodeState
+    cluster: ClusterNode | None
+    log: EventLog
+    rpc_timeout: float
+
+    if TYPE_CHECKING:  # provided by Driver and Effects
+
+        def _time(self) -> tuple[float, float]: ...
+        def _next_id(self) -> str: ...
+        def run_inline(self, instrs: list[ev.Instruction]) -> None: ...
+        async def execute(self, instrs: list[ev.Instruction]) -> None: ...
+
+    async def rpc_succession(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        """A peer's adoption notices (node/failover.py); we answer with ours where
+        our claim is the larger."""
+        raw = req.get("notices")
+        if not isinstance(raw, list) or len(raw) > NOTICES_PER_MESSAGE:
+            most = NOTICES_PER_MESSAGE
+            raise wire.SchemaError(f"succession: field 'notices' must be a list of <= {most}")
+        notices = tuple(notice_from_wire(x, self.node) for x in raw)
+        now, wall = self._time()
+        answers, instrs = self.state.on_notices(sender, notices, now, wall)
+        await self.execute(instrs)
+        return {"notices": [notice_to_wire(n) for n in answers]}
+
+    async def _send_notices(self, i: ev.SendNotices) -> None:
+        """Send adoption notices to one member; its counter-notices come back as its
+        notices; one that does not arrive is owed again."""
+        answers: tuple[Notice, ...] = ()
+        try:
+            if self.cluster is None:
+                raise TransportError("no cluster")
+            req = {"op": "succession", "notices": [notice_to_wire(n) for n in i.notices]}
+            raw = await self.cluster.request(i.dest, req, self.rpc_timeout)
+            back = raw.get("notices")
+            if not isinstance(back, list) or len(back) > NOTICES_PER_MESSAGE:
+                raise wire.SchemaError("succession reply: notices must be a short list")
+            answers = tuple(notice_from_wire(x, self.node) for x in back)
+        except (TransportError, RemoteError, wire.WireError) as e:
+            self.log.debug("failover.notice_failed", dest=i.dest, error=str(e))
+            now, wall = self._time()
+            stimulus = ev.NoticesUndelivered(now, wall, self._next_id(), i.dest, i.notices)
+            self.run_inline(self.state.handle(stimulus))
+            return
+        if answers:
+            now, wall = self._time()
+            _, instrs = self.state.on_notices(i.dest, answers, now, wall)
+            await self.execute(instrs)
+
+    def _members_seen(self, e: MemberEvent) -> None:
+        """Failover follows this node's view: each change, and on a join the whole view
+        (a member first heard of as dead, after our restart, comes with no event)."""
+        now, wall = self._time()
+        states = [(e.member.node, e.member.state)]
+        mship = self.cluster.membership if self.cluster is not None else None
+        if e.kind is EventKind.JOINED and mship is not None:
+            states += [(mb.node, mb.state) for mb in mship.members()]
+        stimulus = ev.MembersSeen(now, wall, self._next_id(), tuple(states))
+        self.run_inline(self.state.handle(stimulus))

@@ -1,0 +1,128 @@
+"""Issue 19's home-death experiments on real agents (loopback): a drained home A, a
+runner B with one slot, a third node C (drained too, so everything runs on B). A is
+killed for good while B holds its tasks: B takes the home role over after A has been
+SWIM-dead for the grace, the tasks finish there once each, and every surviving node
+answers for them (status, cancel). B restarted meanwhile: the tasks it held queued
+for A run all the same. A back with its disk: it lets go and runs nothing again."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from swarm.localcluster import LocalAgent
+from tests.conftest import AgentFactory
+from tests.integration.test_cluster import wait_for
+
+LOOP = ["--bind", "127.0.0.1"]
+GRACE = 2.0
+
+
+def status(a: LocalAgent, tid: str) -> dict[str, Any]:
+    with a.client(timeout=30) as c:
+        return c.call("status", id=tid)
+
+
+def three(make_agent: AgentFactory, slots: int = 1) -> tuple[LocalAgent, LocalAgent, LocalAgent]:
+    grace = ["--home-grace", str(GRACE)]
+    c = make_agent("fc", *LOOP, *grace, "--shares", "0")
+    seed = ["--seeds", f"127.0.0.1:{c.port}"]
+    a = make_agent("fa", *LOOP, *grace, *seed, "--shares", "0")
+    b = make_agent("fb", *LOOP, *grace, *seed, "--slots", str(slots))
+
+    def all_see() -> bool:
+        for x in (a, b, c):
+            with x.client(timeout=10) as cl:
+                seen = {n["node"] for n in cl.call("nodes")["nodes"] if n["state"] == "alive"}
+            if seen != {"fa", "fb", "fc"}:
+                return False
+        return True
+
+    wait_for(all_see, 30, "three agents to see each other")
+    return a, b, c
+
+
+def submit_at(a: LocalAgent, out: Path, n: int, secs: float) -> list[str]:
+    """`n` tasks at `a`, each appending one line to its own file under `out` (a second
+    run would show as a second line)."""
+    ids = []
+    with a.client() as cl:
+        for i in range(n):
+            script = f'sleep {secs}; echo "$SWARM_NODE" >> "{out}/$SWARM_TASK_ID"'
+            ids.append(cl.submit(["sh", "-c", script], name=f"f{i}", cwd="/"))
+    return ids
+
+
+def runs(out: Path, tid: str) -> list[str]:
+    p = out / tid
+    return p.read_text().split() if p.exists() else []
+
+
+def test_home_killed_for_good_the_runner_finishes_its_tasks_and_answers_for_them(
+    make_agent: AgentFactory, short_tmp: Path
+) -> None:
+    out = short_tmp / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    a, b, c = three(make_agent, slots=2)
+    with a.client() as cl:
+        long_id = cl.submit(["sleep", "120"], name="long", cwd="/")
+    ids = submit_at(a, out, 3, 2.0)
+    wait_for(
+        lambda: all(status(a, t)["task"]["node"] == "fb" for t in [long_id, *ids]),
+        30,
+        "all four held at B",
+    )
+    a.kill(signal.SIGKILL)  # for good
+    t0 = time.monotonic()
+
+    def adopted() -> bool:
+        return all(status(b, t)["task"]["spec"]["home"] == "fb" for t in [*ids, long_id])
+
+    took = wait_for(adopted, 30, "B to take the tasks over")
+    print(f"adopted {took:.1f}s after the home's kill (grace {GRACE}s)")
+    # from C (no record of its own), every task's record comes from its new home
+    for tid in ids:
+        wait_for(lambda t=tid: status(c, t)["task"]["state"] == "succeeded", 30, f"{tid} done")
+    done = time.monotonic() - t0
+    print(f"all 3 finished and visible from C {done:.1f}s after the kill")
+    for tid in ids:
+        assert runs(out, tid) == ["fb"], f"{tid} ran {runs(out, tid)}"
+        rec = status(c, tid)
+        assert rec["task"]["spec"]["home"] == "fb" and "note" not in rec
+        assert any("adopted from fa" in h["cause"] for h in rec["task"]["history"])
+    # the long one is cancellable from a surviving node that never held it
+    wait_for(lambda: status(b, long_id)["task"]["state"] == "running", 30, "long to start")
+    p = c.cli("cancel", long_id)
+    assert p.returncode == 0, p.stderr
+    assert status(b, long_id)["task"]["state"] == "cancelled"
+    assert "Traceback" not in b.log_text() + c.log_text()
+
+
+def test_runner_restarted_after_its_home_died_runs_what_it_held_queued(
+    make_agent: AgentFactory, short_tmp: Path
+) -> None:
+    """The first experiment of issue 19: the tasks stayed `queued` at B forever."""
+    out = short_tmp / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    a, b, c = three(make_agent)
+    ids = submit_at(a, out, 3, 1.0)
+    wait_for(lambda: all(status(a, t)["task"]["node"] == "fb" for t in ids), 30, "all held at B")
+    a.kill(signal.SIGKILL)
+    b.kill(signal.SIGKILL)  # its tasks' shims go on; its queued ones wait for A's word
+    b.start()
+    for tid in ids:
+        wait_for(lambda t=tid: status(c, t)["task"]["state"] == "succeeded", 60, f"{tid} done")
+        assert runs(out, tid) == ["fb"], f"{tid} ran {runs(out, tid)}"
+    # A comes back with its disk: it learns of the adoption and lets go
+    a.start()
+    wait_for(lambda: "failover.yielded" in a.log_text(), 30, "A to let go")
+    for tid in ids:
+        rec = status(a, tid)
+        assert rec["task"]["spec"]["home"] == "fb" and rec["task"]["state"] == "succeeded"
+    time.sleep(2.0)
+    for tid in ids:
+        assert runs(out, tid) == ["fb"], f"{tid} ran again: {runs(out, tid)}"

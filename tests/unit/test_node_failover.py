@@ -1,0 +1,151 @@
+"""Home failover in the pure NodeState (node/failover.py): the node that holds a task
+adopts it once its home has been SWIM-dead for the grace, finishes it as its home, and
+tells the others; a home that comes back lets go and never runs it again."""
+
+from __future__ import annotations
+
+from swarm import model as m
+from swarm.cluster import handoff as h
+from swarm.cluster.succession import Notice
+from swarm.node.recovery import ADOPT, GUEST, HOME
+from swarm.node.state import Settings
+
+from .node_harness import FakeNet, FakeNode
+
+S = m.TaskState
+DEAD, ALIVE, SUSPECT = m.MemberState.DEAD, m.MemberState.ALIVE, m.MemberState.SUSPECT
+GRACE = 5.0
+
+
+def _nodes(*names: str) -> tuple[FakeNode, ...]:
+    return tuple(FakeNode(n, settings=Settings(home_grace=GRACE)) for n in names)
+
+
+def _held_at_b(start: bool = True) -> tuple[FakeNode, FakeNode, FakeNode, FakeNet]:
+    """A task submitted at A, committed to B (and started there)."""
+    a, b, c = _nodes("A", "B", "C")
+    net = FakeNet(a, b, c)
+    spec = a.submit(m.TaskSpec(id="t1", argv=("sleep", "60")))
+    why, instrs = a.state.offer(spec.id, "B", 0.0, 0.0)
+    assert why is None
+    a.run(instrs)
+    net.settle()
+    assert b.state.guest.may_run("t1") and "t1" in b.queue
+    if start:
+        assert b.try_start("t1") is None
+    for n in (a, b, c):  # everybody sees everybody alive
+        n.state.members_seen(tuple((x, ALIVE) for x in ("A", "B", "C")), 0.0)
+    return a, b, c, net
+
+
+def _tick(n: FakeNode, now: float) -> None:
+    n.state.failover_at = 0.0
+    n.run(n.state.tick(now, 1000.0 + now))
+
+
+def test_the_runner_adopts_after_the_grace_of_a_swim_death_and_not_before() -> None:
+    _, b, _, _ = _held_at_b()
+    b.state.members_seen((("A", SUSPECT),), 1.0)
+    _tick(b, 30.0)
+    assert b.state.records.active["t1"].spec.home == "A"  # suspect only: never
+    b.state.members_seen((("A", DEAD),), 31.0)
+    _tick(b, 35.9)
+    assert b.state.records.active["t1"].spec.home == "A"  # dead, not for a grace yet
+    _tick(b, 36.0)
+    t = b.state.records.active["t1"]
+    assert (t.spec.home, t.state, t.node) == ("B", S.RUNNING, "B")
+    assert "adopted from A" in t.history[-1].cause
+    assert b.kv[ADOPT + "t1"] == ["A", 2] and GUEST + "t1" not in b.kv
+    assert b.kv[HOME + "t1"]["where"] == "B" and "t1" not in b.state.guest.entries
+    assert "failover.adopted" in b.logs
+    # every live member is told, in one message each; the dead home is not
+    assert [(s.dest, [n.task_id for n in s.notices]) for s in b.notices_out] == [("C", ["t1"])]
+    assert b.notices_out[0].notices[0] == Notice("C", "t1", "B", 2, "B", ())
+
+
+def test_an_adopted_task_ends_here_with_no_report_to_the_dead_home() -> None:
+    _, b, _, _ = _held_at_b()
+    b.state.members_seen((("A", DEAD),), 1.0)
+    _tick(b, 7.0)
+    b.outbox.clear()
+    b.finish("t1", 0, now=8.0, wall=1008.0)
+    assert b.state.records.finished["t1"].state is S.SUCCEEDED
+    assert not [s for s in b.outbox if isinstance(s.request, h.Report)]
+    assert b.finals == {"t1": 1}
+
+
+def test_a_queued_task_waiting_for_its_dead_homes_confirmation_runs_after_adoption() -> None:
+    """B restarted: its committed entry waits for A's "yours" (CONFIRM), and A is gone
+    for good: the task stayed queued forever; now B adopts it and runs it."""
+    _, b, _, _ = _held_at_b(start=False)
+    entry = b.state.guest.entries["t1"]
+    (b2,) = _nodes("B")
+    b2.state.records.store(b.state.records.active["t1"])
+    b2.state.guest.restore(h.guest_entry_from_wire(h.guest_entry_to_wire(entry)))
+    b2.run(b2.state.enqueue_local(b2.state.records.active["t1"], 0.0))
+    assert b2.try_start("t1") is not None  # waits for its home's answer
+    b2.state.members_seen((("A", DEAD), ("C", ALIVE)), 0.0)
+    _tick(b2, 5.0)
+    assert b2.state.records.active["t1"].spec.home == "B"
+    assert b2.try_start("t1") is None
+
+
+def test_a_home_that_comes_back_lets_go_and_never_runs_it() -> None:
+    a, b, _, _ = _held_at_b()
+    b.state.members_seen((("A", DEAD),), 1.0)
+    _tick(b, 7.0)
+    b.notices_out.clear()
+    b.state.members_seen((("A", ALIVE),), 20.0)  # A restarted with its disk
+    _tick(b, 21.0)
+    (send,) = b.notices_out
+    assert send.dest == "A"
+    answers, instrs = a.state.on_notices("B", send.notices, 21.0, 1021.0)
+    a.run(instrs)
+    assert answers == []
+    assert "t1" not in a.state.records.active and a.forgotten == ["t1"]
+    assert HOME + "t1" not in a.kv and "t1" not in a.state.home.entries
+    assert "failover.yielded" in a.logs
+    # it answers no more for the task: B's report would not be accepted there either
+    reply, _ = a.state.on_request("B", h.Report("t1", 1, "succeeded", 0), 22.0, 1022.0)
+    assert not reply.ok
+
+
+def test_a_smaller_claim_is_answered_with_the_larger_one() -> None:
+    _, b, c, _ = _held_at_b()
+    b.state.members_seen((("A", DEAD),), 1.0)
+    _tick(b, 7.0)
+    late = Notice("B", "t1", "A", 1, "B", ())
+    answers, _ = b.state.on_notices("A", (late,), 8.0, 1008.0)
+    assert answers == [Notice("A", "t1", "B", 2, "B", ())]
+    assert b.state.records.active["t1"].spec.home == "B"
+    # a bystander that heard the adoption answers the old claim the same way
+    (send,) = b.notices_out
+    assert c.state.on_notices("B", send.notices, 8.0, 1008.0) == ([], [])
+    answers, _ = c.state.on_notices("A", (Notice("C", "t1", "A", 1, "B", ()),), 9.0, 1009.0)
+    assert answers == [Notice("A", "t1", "B", 2, "B", ())]
+
+
+def test_an_undelivered_notice_is_owed_again() -> None:
+    _, b, _, _ = _held_at_b()
+    b.state.members_seen((("A", DEAD),), 1.0)
+    _tick(b, 7.0)
+    (send,) = b.notices_out
+    b.notices_out.clear()
+    _tick(b, 8.0)
+    assert b.notices_out == []
+    b.state.notices_undelivered(send.notices)
+    _tick(b, 9.0)
+    assert [s.notices for s in b.notices_out] == [send.notices]
+
+
+def test_a_copy_running_under_a_smaller_claim_is_stopped_when_the_larger_arrives() -> None:
+    """Two nodes adopted one task (a race with a dying home): the larger claim wins and
+    the other copy stops; its record stays there as a copy pointing at the winner."""
+    _, b, _, _ = _held_at_b()
+    b.state.members_seen((("A", DEAD),), 1.0)
+    _tick(b, 7.0)
+    answers, instrs = b.state.on_notices("Z", (Notice("B", "t1", "Z", 2, "Z", ()),), 8.0, 1008.0)
+    b.run(instrs)
+    assert answers == [] and b.stopped == ["t1"]
+    assert b.state.records.active["t1"].spec.home == "Z"
+    assert ADOPT + "t1" not in b.kv and HOME + "t1" not in b.kv
