@@ -86,6 +86,7 @@ class ChaosAgent:
         self.proc: subprocess.Popen[bytes] | None = None
         self.expect_exit = False
         self.paused = False
+        self.lost = False  # gone for good (faults.Lose): never started again
         self.exits: list[AgentExit] = []
         self.starts = 0
         self.tmpfs: Path | None = None
@@ -432,6 +433,10 @@ class ChaosCluster:
 
     def live(self) -> list[ChaosAgent]:
         return [a for a in self.agents if a.alive() and not a.paused]
+
+    def kept(self) -> list[ChaosAgent]:
+        """The agents not lost for good (faults.Lose)."""
+        return [a for a in self.agents if not a.lost]
 
     def agree(self) -> bool:
         """Every live agent sees exactly the live agents as alive."""

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import attrs
 
+from . import netns
 from .cluster import ChaosAgent, ChaosCluster
 
 _table_ids = itertools.count(1)
@@ -66,11 +67,33 @@ class Kill(Fault):
             a.kill9()
 
     def heal(self, cl: ChaosCluster) -> None:
-        for a in self.agents(cl):
+        back = [a for a in self.agents(cl) if not a.lost]
+        for a in back:
             if not a.alive():
                 a.start()
-        for a in self.agents(cl):
+        for a in back:
             a.wait_ready()
+
+
+@attrs.define
+class Lose(Fault):
+    """The node is gone for good, with its tasks (a machine lost): every process in its
+    network namespace is killed (the agent, task supervisors, tasks) and nothing ever
+    restarts it. Its disk stays readable, for the checks only (issue 19)."""
+
+    kind: ClassVar[str] = "lose"
+    detectable: ClassVar[bool] = True
+    needs_netns: ClassVar[bool] = True
+
+    def start(self, cl: ChaosCluster) -> None:
+        for a in self.agents(cl):
+            a.lost = True
+            a.kill9()
+            if cl.lan is not None:
+                netns.kill_namespace_processes(cl.lan.ns(a.index))
+
+    def heal(self, cl: ChaosCluster) -> None:
+        pass  # never
 
 
 @attrs.define
@@ -287,5 +310,5 @@ def fill(path: os.PathLike[str]) -> int:
 
 KINDS: dict[str, type[Fault]] = {
     c.kind: c
-    for c in (Kill, Pause, Isolate, Split, OneWay, Loss, Bandwidth, Shim, CpuHog, DiskFull)
+    for c in (Kill, Lose, Pause, Isolate, Split, OneWay, Loss, Bandwidth, Shim, CpuHog, DiskFull)
 }

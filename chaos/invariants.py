@@ -47,6 +47,10 @@ CONSTRAINT = "constraint-respected"
 # checked only in scenarios whose agents carry an elastic pool (`elastic`, issue 25)
 SCALE_DOUBLE = "scale-double-action"
 SCALE_IDLE = "scale-in-victim-idle"
+# issue 19: a task whose home was lost for good, held by a surviving node, is taken over
+# by that node and ends there (one home role per task)
+ADOPTED = "lost-home-task-adopted"
+LOST_WITH_HOME = "lost-with-home"  # queued or running at its lost home: no replica yet
 SCALE = (SCALE_DOUBLE, SCALE_IDLE)
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
@@ -86,7 +90,9 @@ class AckOutcome:
 
 
 def _terminal_events(j: JournalData, tid: str) -> list[TransitionEvent]:
-    return [e for e in j.events_of(tid) if e.dst in TERMINAL]
+    """The results journaled for `tid` (a note on a finished record, as its adoption by
+    another home, goes from a final state to the same one: not a result)."""
+    return [e for e in j.events_of(tid) if e.dst in TERMINAL and e.src != e.dst]
 
 
 def _one_record(j: JournalData, tid: str, what: str) -> tuple[str, list[Violation]]:
@@ -100,7 +106,7 @@ def _one_record(j: JournalData, tid: str, what: str) -> tuple[str, list[Violatio
             Violation(ACKED, j.node, f"{what} {tid} never finished: {t.state.value} on {t.node}")
         )
         return "unfinished", out
-    hist = sum(1 for h in t.history if h.dst.terminal)
+    hist = sum(1 for h in t.history if h.dst.terminal and h.src is not h.dst)
     evs = _terminal_events(j, tid)
     if hist != 1 or len(evs) != 1:
         results = ", ".join(f"{e.dst} at {e.at:.3f} ({e.cause})" for e in evs)
@@ -114,14 +120,71 @@ def _one_record(j: JournalData, tid: str, what: str) -> tuple[str, list[Violatio
     return t.state.value, out
 
 
-def check_acked(acked: Iterable[Acked], journals: Mapping[str, JournalData]) -> AckOutcome:
+def adopters(journals: Mapping[str, JournalData], tid: str, home: str) -> list[str]:
+    """The nodes that took the home role of `tid` over (their record names them home)."""
+    return sorted(
+        n
+        for n, j in journals.items()
+        if n != home and (t := j.tasks.get(tid)) is not None and t.spec.home == n
+    )
+
+
+def authority(a: Acked, journals: Mapping[str, JournalData]) -> str:
+    """Where the task's record is: its adopter if one took it over, else its home."""
+    taken = adopters(journals, a.id, a.home)
+    return taken[0] if taken else a.home
+
+
+def _left_with_home(a: Acked, journals: Mapping[str, JournalData]) -> Violation | None:
+    """A task of a home lost for good that nobody adopted: fine (no replicas yet) if it
+    was queued, offered or running at the home itself; a violation if a surviving node
+    held it (that node must take it over)."""
+    j = journals.get(a.home)
+    t = None if j is None else j.tasks.get(a.id)
+    if t is None or t.state.terminal:
+        return None
+    held = t.node not in ("", a.home) and t.state in (m.TaskState.QUEUED, m.TaskState.RUNNING)
+    if held and t.node in journals:
+        detail = f"task {a.id}: its home {a.home} was lost while {t.node} held it " + (
+            f"({t.state.value}), and {t.node} never took it over"
+        )
+        return Violation(ADOPTED, t.node, detail)
+    return None
+
+
+def check_acked(
+    acked: Iterable[Acked],
+    journals: Mapping[str, JournalData],
+    lost_nodes: frozenset[str] = frozenset(),
+) -> AckOutcome:
     """Every acknowledged task reached a terminal state with exactly one recorded result:
-    at its home for ordinary tasks, on every node for global tasks."""
+    at its home (or the node that took its home role over) for ordinary tasks, on every
+    surviving node for global tasks. A task of a home lost for good ends at the node
+    that held it; one still at that home is lost with it (`lost-with-home`: no
+    replicas yet), which is counted, not a violation."""
     violations: list[Violation] = []
     states: Counter[str] = Counter()
     lost: list[str] = []
     for a in acked:
-        homes = sorted(journals) if a.is_global else [a.home]
+        if not a.is_global:
+            taken = adopters(journals, a.id, a.home)
+            if len(taken) > 1:
+                detail = f"task {a.id}: {len(taken)} nodes hold its home role: {taken}"
+                violations.append(Violation(ONE_RESULT, taken[0], detail))
+            if not taken and a.home in lost_nodes:
+                j = journals.get(a.home)
+                t = None if j is None else j.tasks.get(a.id)
+                if t is not None and not t.state.terminal:
+                    v = _left_with_home(a, journals)
+                    if v is None:
+                        states[LOST_WITH_HOME] += 1
+                        continue
+                    violations.append(v)
+        homes = (
+            sorted(n for n in journals if n not in lost_nodes)
+            if a.is_global
+            else [authority(a, journals)]
+        )
         what = "global task" if a.is_global else "task"
         results: dict[str, str] = {}
         for node in homes:
@@ -133,7 +196,7 @@ def check_acked(acked: Iterable[Acked], journals: Mapping[str, JournalData]) -> 
             results[node], vs = _one_record(j, a.id, what)
             violations.extend(vs)
         bad = [s for s in results.values() if s in ("missing", "unfinished")]
-        final = bad[0] if bad else results.get(a.home, "missing")
+        final = bad[0] if bad else results.get(a.home if a.is_global else homes[0], "missing")
         states[final] += 1
         if bad:
             lost.append(a.id)
@@ -148,10 +211,11 @@ def check_executed(
     for a in acked:
         if a.is_global:
             continue
-        j = journals.get(a.home)
+        where = authority(a, journals)
+        j = journals.get(where)
         t = None if j is None else j.tasks.get(a.id)
         if t is not None and t.state is m.TaskState.SUCCEEDED and not marks.get(a.id):
-            out.append(Violation(EXECUTED, a.home, f"task {a.id} succeeded but never ran"))
+            out.append(Violation(EXECUTED, where, f"task {a.id} succeeded but never ran"))
     return out
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .invariants import ALL, CONSTRAINT, ENCRYPTED, PRIORITY, SCALE
+from .invariants import ADOPTED, ALL, CONSTRAINT, ENCRYPTED, PRIORITY, SCALE
 from .scenario import ScenarioResult
 
 BEGIN = "<!-- chaos-report:begin -->"
@@ -55,7 +55,7 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
         "",
         f"Invariants checked: {checked}; `{ENCRYPTED}` in keyed scenarios; {prio} in the "
         f"priority scenario; `{CONSTRAINT}` in the labelled one; {scale} in the elastic "
-        "one.",
+        f"one; `{ADOPTED}` where a node is lost for good (home-loss).",
         "",
     ]
     for r in results:

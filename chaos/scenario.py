@@ -27,6 +27,7 @@ from .schedule import FaultPlan, Plan, Scenario, make_plan, node_labels
 from .workload import Workload, read_executions, read_marks
 
 TMPFS_MB = 24
+ANY = "*"  # settle: a task whose home is lost for good may end at any node (its adopter)
 SUSPECT_EVENTS = ("member.suspect", "member.dead")
 DISK_ERRORS = ("journal.write_failed", "journal.sync_failed", "globals.journal_failed")
 
@@ -169,6 +170,8 @@ class Runner:
                 f"owner uid {os.getuid()}), no --insecure"
             )
         args = ["--slots", str(sc.slots), "--shares", "1024"]
+        if sc.home_grace is not None:
+            args += ["--home-grace", str(sc.home_grace)]
         if self.elastic is not None:
             self.scale_files = el.write_files(self.root, self.elastic)
             args += ["--config", str(self.scale_files.config)]
@@ -326,7 +329,7 @@ class Runner:
                 f.healed_at = time.time()
         if cl.lan is not None:
             cl.lan.heal_all()
-        for a in cl.agents:
+        for a in cl.kept():
             if a.paused:
                 healed = True
                 a.resume()
@@ -340,8 +343,12 @@ class Runner:
         """Wait until every acknowledged task is terminal where the checks will look;
         the checks themselves read the journals afterwards."""
         t0 = time.monotonic()
-        pending = {(a.id, a.home) for a in self.wl.acked if not a.is_global}
-        pending |= {(a.id, n.name) for a in self.wl.acked if a.is_global for n in cl.agents}
+        lost = {a.name for a in cl.agents if a.lost}
+        # a task whose home is lost for good: terminal at any node (its adopter)
+        pending = {
+            (a.id, ANY if a.home in lost else a.home) for a in self.wl.acked if not a.is_global
+        }
+        pending |= {(a.id, n.name) for a in self.wl.acked if a.is_global for n in cl.kept()}
         unknown: dict[tuple[str, str], int] = {}
         while time.monotonic() - t0 < self.sc.settle:
             dead = [a.name for a in cl.agents if a.died()]
@@ -357,9 +364,9 @@ class Runner:
                 except (ClientError, OSError):
                     continue
                 for t in tasks:
-                    known.add((t["spec"]["id"], a.name))
+                    known |= {(t["spec"]["id"], a.name), (t["spec"]["id"], ANY)}
                     if t["state"] in inv.TERMINAL:
-                        done.add((t["spec"]["id"], a.name))
+                        done |= {(t["spec"]["id"], a.name), (t["spec"]["id"], ANY)}
             pending -= done
             if not pending:
                 return round(time.monotonic() - t0, 1)
@@ -393,7 +400,9 @@ class Runner:
             for i in infos.values()
             if i is not None
         )
-        expected = [a.name for a in cl.agents]  # every agent runs again after the heal
+        # every agent runs again after the heal, but those lost for good
+        expected = [a.name for a in cl.kept()]
+        lost = frozenset(a.name for a in cl.agents if a.lost)
         stop_codes: dict[str, int | None] = {}
         cl.stop_all(timeout=20)
         for a in cl.agents:
@@ -407,7 +416,7 @@ class Runner:
                 violations.append(inv.Violation(inv.INTEGRITY, a.name, str(e)))
         marks = read_marks(self.root / "marks")
         acked = list(self.wl.acked)
-        outcome = inv.check_acked(acked, journals)
+        outcome = inv.check_acked(acked, journals, lost)
         violations += outcome.violations
         specs = inv.specs_of(journals)
         violations += inv.check_executed(acked, journals, marks)
@@ -427,7 +436,7 @@ class Runner:
                 violations += inv.check_encrypted(a.name, a.log_text(), transport)
             exits = [(x.at, x.code, x.expected) for x in a.exits]
             violations += inv.check_exits(a.name, exits)
-            if stop_codes[a.name] not in (0, None):
+            if stop_codes[a.name] not in (0, None) and not a.lost:
                 violations.append(
                     inv.Violation(
                         inv.NO_CRASH, a.name, f"exit code {stop_codes[a.name]} on SIGTERM"
@@ -458,6 +467,16 @@ class Runner:
             )
         if self.elastic is not None:
             violations += self._elastic_checks(cl, journals)
+        if self.sc.home_grace is not None:
+            logs = [a.log_text() for a in cl.agents]
+            adopted = sum(t.count("event=failover.adopted") for t in logs)
+            yielded = sum(t.count("event=failover.yielded") for t in logs)
+            res.notes.append(
+                f"failover: {adopted} tasks adopted (a home dead for --home-grace "
+                f"{self.sc.home_grace:g}s), {yielded} let go by a home that came back, "
+                f"{outcome.states.get(inv.LOST_WITH_HOME, 0)} lost with a home lost for good "
+                "(queued or running there: no replicas yet)"
+            )
         # figures
         res.attempted = self.wl.attempted
         res.acked = len(acked)

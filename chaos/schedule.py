@@ -45,6 +45,8 @@ class Scenario:
     # every agent carries the `[scale.chaos]` pool of chaos.elastic (issue 25), whose
     # hooks only record their calls; a light workload lets it scale in during the run
     elastic: bool = False
+    home_grace: float | None = None  # agents' --home-grace (None: their default, 30 s)
+    warmup: float = 4.0  # seconds of workload before the first fault of lane 1
     description: str = ""
 
 
@@ -246,7 +248,7 @@ def make_plan(sc: Scenario, seed: int, available: Sequence[str] | None = None) -
     ok = set(available) if available is not None else None
     lane1 = [k for k in sc.faults if ok is None or k in ok]
     lane2 = [k for k in sc.faults2 if ok is None or k in ok]
-    faults = nemesis(sc, lane1, rng, 1) + nemesis(sc, lane2, rng, 2, warmup=8.0)
+    faults = nemesis(sc, lane1, rng, 1, warmup=sc.warmup) + nemesis(sc, lane2, rng, 2, warmup=8.0)
     faults.sort(key=lambda f: f.start)
     submits = priority_workload(sc, rng) if sc.priorities else workload(sc, rng)
     drain_plan = drains(sc, rng)

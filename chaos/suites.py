@@ -35,6 +35,20 @@ ELASTIC = Scenario(
     "in-cooldown, no victim busy when its hook ran",
 )  # fmt: skip
 
+# Home failover (issue 19): one node is lost for good with its tasks (every process in
+# its namespace killed, never restarted) 12-14 s in, once bursts of 1-4 s tasks have
+# built queues on the runners, while a second lane kills
+# and restarts other nodes; agents adopt a dead home's tasks after 5 s (--home-grace).
+# Every task the lost node had handed to a surviving node must end there, once; those
+# still at the lost node are lost with it until replicas exist (counted, stated).
+HOME_LOSS = _full(
+    "home-loss", faults=("lose",), hold=(25.0, 25.0), gap=(40.0, 40.0), warmup=12.0,
+    task_seconds=(1.0, 4.0), bursts=6, faults2=("kill",), drains=False, home_grace=5.0,
+    settle=90.0,
+    description="one node lost for good with its tasks (never restarted) while others "
+    "are killed and restarted: what it had handed out is taken over and ends once",
+)  # fmt: skip
+
 FULL: tuple[Scenario, ...] = (
     _full("kill-restart", faults=("kill",), hold=(3.0, 8.0),
           description="kill -9 of one agent, restart from its state dir"),
@@ -86,6 +100,7 @@ FULL: tuple[Scenario, ...] = (
           "freezes and cuts (isolate, split)"),
     # after `constrained`: appended, so that the seeds of the scenarios above stay
     ELASTIC,
+    HOME_LOSS,  # appended last, so that the seeds above stay
 )  # fmt: skip
 
 SMOKE: tuple[Scenario, ...] = (

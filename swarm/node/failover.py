@@ -45,6 +45,10 @@ from .recovery import ADOPT, HOME, Handoffs
 
 S = m.TaskState
 NOTICES_PER_MESSAGE = 256
+# A member our records name that our view never heard of, this long after we first saw
+# a peer: gone long ago (push-pull carries dead members only for a short while, so a
+# node that restarts later never hears of one; it would wait on it for ever)
+UNHEARD_AFTER = 10.0
 
 
 class Failover:
@@ -59,6 +63,8 @@ class Failover:
     arrived: dict[m.TaskId, float]
     succession: Succession
     adopted: dict[m.TaskId, tuple[m.NodeId, int]]  # task -> (old home, claim epoch)
+    heard: set[m.NodeId]  # members this node's view has named, in any state
+    peer_since: float | None  # when the view first named another member alive
     counters: dict[str, int]
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
@@ -67,6 +73,7 @@ class Failover:
             self, task: m.Task, now: float, front: bool = False
         ) -> list[ev.Instruction]: ...
         def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]: ...
+        def on_node_dead(self, node: m.NodeId, now: float, wall: float) -> list[ev.Instruction]: ...
 
     # ------------------------------------------------------------- inputs
 
@@ -75,11 +82,14 @@ class Failover:
         first heard of as dead, after a restart, comes with no event)."""
         for node, state in states:
             self.succession.on_member(node, state, now)
+            self.heard.add(node)
+            if node != self.node and state is m.MemberState.ALIVE and self.peer_since is None:
+                self.peer_since = now
 
     def failover_tick(self, now: float, wall: float) -> list[ev.Instruction]:
         """Adopt what is due, then send the notices owed, batched per member."""
+        out = self._unheard(now, wall)
         self._sync_succession()
-        out: list[ev.Instruction] = []
         owed: dict[m.NodeId, list[Notice]] = {}
         for d in self.succession.step(now):
             if isinstance(d, Adopt):
@@ -114,6 +124,26 @@ class Failover:
         return answers, out
 
     # ----------------------------------------------------------- helpers
+
+    def _unheard(self, now: float, wall: float) -> list[ev.Instruction]:
+        """Members our handoff entries name that our view has never heard of, once we
+        have been among peers UNHEARD_AFTER: taken as gone (left) from now on, so a
+        home entry held there is re-queued here and a guest task of such a home is
+        adopted after the grace, as for a death we saw."""
+        if self.peer_since is None or now - self.peer_since < UNHEARD_AFTER:
+            return []
+        hs = self.handoffs
+        named = {ge.home for ge in hs.guest.entries.values()}
+        for he in hs.home.entries.values():
+            if he.phase in (h.HomePhase.REMOTE, h.HomePhase.OFFERING):
+                named |= {he.where, he.target}
+        out: list[ev.Instruction] = []
+        for node in sorted(named - self.heard - {self.node, ""}):
+            self.heard.add(node)
+            self.succession.on_member(node, m.MemberState.LEFT, now)
+            out.append(ev.log("warning", "failover.unheard", peer=node))
+            out += self.on_node_dead(node, now, wall)
+        return out
 
     def _sync_succession(self) -> None:
         """Hold in the succession core a record of every task that could change hands

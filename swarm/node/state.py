@@ -93,6 +93,8 @@ class NodeState(Location, Failover, LoadState, Placing, Timers, RunQueue):
         self.succession = Succession(node, settings.home_grace)
         self.adopted: dict[m.TaskId, tuple[m.NodeId, int]] = {}  # failover.py
         self.failover_at = 0.0
+        self.heard: set[m.NodeId] = set()
+        self.peer_since: float | None = None
         self.gpus = gpupol.GpuAllocator(gpu_devices)
         self.gpu_policy = settings.gpu_policy
         self.view = LoadView()
@@ -314,6 +316,14 @@ class NodeState(Location, Failover, LoadState, Placing, Timers, RunQueue):
         if ops:
             out.append(ev.Persist(tuple(ops)))
         return out
+
+    def holds_at(self, node: m.NodeId) -> bool:
+        """Does `node` hold (run, queue, or be offered) a task whose home is here?"""
+        return any(
+            e.where == node or e.target == node
+            for e in self.home.entries.values()
+            if e.phase in (h.HomePhase.REMOTE, h.HomePhase.OFFERING)
+        )
 
     def handoff_busy(self) -> bool:
         """Retries are due only while something is in flight: idle nodes wake rarely."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .. import model as m
 from .. import wire
 from ..cluster.membership import EventKind, MemberEvent
-from ..cluster.succession import Notice, notice_from_wire, notice_to_wire
+from ..cluster.succession import GONE, Notice, notice_from_wire, notice_to_wire
 from ..logs import EventLog
 from ..node import events as ev
 from ..node.failover import NOTICES_PER_MESSAGE
@@ -77,7 +77,14 @@ class FailoverIO:
         now, wall = self._time()
         states = [(e.member.node, e.member.state)]
         mship = self.cluster.membership if self.cluster is not None else None
+        stimuli: list[ev.Event] = []
         if e.kind is EventKind.JOINED and mship is not None:
             states += [(mb.node, mb.state) for mb in mship.members()]
-        stimulus = ev.MembersSeen(now, wall, self._next_id(), tuple(states))
-        self.run_inline(self.state.handle(stimulus))
+            # a holder of our tasks that died while we were down is dead in the view we
+            # learn, with no event: its tasks are re-queued here as for a death we saw
+            # (chaos home-loss: a restarted home waited for ever on a lost runner)
+            for mb in mship.members():
+                if mb.node != self.node and mb.state in GONE and self.state.holds_at(mb.node):
+                    stimuli.append(ev.NodeDead(now, wall, self._next_id(), mb.node))
+        stimuli.insert(0, ev.MembersSeen(now, wall, self._next_id(), tuple(states)))
+        self.run_inline(self.state.handle(*stimuli))

@@ -119,6 +119,63 @@ def test_a_lost_no_retry_task_is_a_result_not_lost_work() -> None:
     assert out.violations == () and out.states == {"lost": 1} and out.lost == ()
 
 
+def _adopted_at(b: Book, spec: m.TaskSpec, at: float, end: m.TaskState | None) -> None:
+    """`b`'s node took `spec` over from its home (its record now names b's node)."""
+    import attrs
+
+    b.submit(spec, at - 2)
+    b.move(spec.id, m.TaskState.RUNNING, at - 1)
+    t = b.tasks[spec.id]
+    note = m.Transition(at, t.state, t.state, "adopted from n1", b.node)
+    b.tasks[spec.id] = attrs.evolve(
+        t, spec=attrs.evolve(spec, home=b.node), history=(*t.history, note)
+    )
+    b._ev(spec.id, at, t.state.value, t.state.value, b.node)
+    if end is not None:
+        b.move(spec.id, end, at + 1)
+
+
+def test_a_task_its_lost_home_handed_out_ends_once_at_its_adopter() -> None:
+    home, runner = Book("n1"), Book("n2")
+    home.submit(_spec("t1"))
+    home.move("t1", m.TaskState.RUNNING, T0 + 1, node="n2")  # then n1 is lost
+    _adopted_at(runner, _spec("t1"), T0 + 5, m.TaskState.SUCCEEDED)
+    journals = {"n1": home.data(), "n2": runner.data()}
+    out = inv.check_acked([inv.Acked("t1", "n1")], journals, frozenset({"n1"}))
+    assert out.violations == () and out.states == {"succeeded": 1} and out.lost == ()
+    marks = {"t1": ["n2"]}
+    assert inv.check_executed([inv.Acked("t1", "n1")], journals, marks) == []
+    # a note on a finished record (adopted after it ended) is not a second result
+    done = Book("n2")
+    _adopted_at(done, _spec("t1"), T0 + 5, None)
+    done.move("t1", m.TaskState.SUCCEEDED, T0 + 4)
+    _adopted_at(Book("n3"), _spec("t2"), T0 + 5, m.TaskState.SUCCEEDED)
+    out = inv.check_acked([inv.Acked("t1", "n1")], {"n1": home.data(), "n2": done.data()})
+    assert out.violations == ()
+
+
+def test_a_handed_out_task_nobody_took_over_breaks_adoption() -> None:
+    home = Book("n1")
+    home.submit(_spec("t1"))
+    home.move("t1", m.TaskState.RUNNING, T0 + 1, node="n2")
+    home.submit(_spec("t2"))  # still queued at its home: lost with it, counted
+    journals = {"n1": home.data(), "n2": Book("n2").data()}
+    acked = [inv.Acked("t1", "n1"), inv.Acked("t2", "n1")]
+    out = inv.check_acked(acked, journals, frozenset({"n1"}))
+    assert [v.invariant for v in out.violations] == [inv.ADOPTED, inv.ACKED]
+    assert out.states.get(inv.LOST_WITH_HOME) == 1
+
+
+def test_two_nodes_holding_one_tasks_home_role_break_one_result() -> None:
+    home, b2, b3 = Book("n1"), Book("n2"), Book("n3")
+    home.submit(_spec("t1"))
+    _adopted_at(b2, _spec("t1"), T0 + 5, m.TaskState.SUCCEEDED)
+    _adopted_at(b3, _spec("t1"), T0 + 5, m.TaskState.SUCCEEDED)
+    journals = {"n1": home.data(), "n2": b2.data(), "n3": b3.data()}
+    out = inv.check_acked([inv.Acked("t1", "n1")], journals, frozenset({"n1"}))
+    assert inv.ONE_RESULT in [v.invariant for v in out.violations]
+
+
 def test_a_global_task_must_finish_on_every_node() -> None:
     books = {n: Book(n) for n in ("n1", "n2")}
     books["n1"].run(_spec("g1", is_global=True), T0 + 1, T0 + 2)
@@ -360,7 +417,7 @@ def test_the_full_suite_has_a_keyed_scenario_and_newer_ones_come_after_it() -> N
     names = [sc.name for sc in FULL]
     assert [sc.name for sc in FULL if sc.encrypted] == ["encrypted"]
     assert names.index("encrypted") == 14
-    assert names[15:] == ["priority-preempt", "constrained", "elastic"]
+    assert names[15:] == ["priority-preempt", "constrained", "elastic", "home-loss"]
     assert not any(sc.encrypted for sc in SMOKE)
 
 

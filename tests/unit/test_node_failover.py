@@ -149,3 +149,31 @@ def test_a_copy_running_under_a_smaller_claim_is_stopped_when_the_larger_arrives
     assert answers == [] and b.stopped == ["t1"]
     assert b.state.records.active["t1"].spec.home == "Z"
     assert ADOPT + "t1" not in b.kv and HOME + "t1" not in b.kv
+
+
+def test_members_never_heard_of_are_taken_as_gone_once_among_peers() -> None:
+    """After a restart, a member dead for longer than push-pull carries the dead is
+    not in the view at all: a home waited for ever on its lost runner, a runner on
+    its lost home. Once the view has named a peer alive for UNHEARD_AFTER, a member
+    our entries name and the view never named is taken as gone."""
+    a, b, _, _ = _held_at_b()
+    (a2,) = _nodes("A")  # A restarted: its record and home entry from the journal
+    a2.state.records.store(a.state.records.active["t1"])
+    a2.state.home.restore(h.home_entry_from_wire(h.home_entry_to_wire(a.state.home.entries["t1"])))
+    (b2,) = _nodes("B")  # and B, the runner, restarted too
+    b2.state.records.store(b.state.records.active["t1"])
+    b2.state.guest.restore(
+        h.guest_entry_from_wire(h.guest_entry_to_wire(b.state.guest.entries["t1"]))
+    )
+    for n in (a2, b2):
+        n.state.members_seen((("C", ALIVE),), 100.0)  # the view names C only
+        _tick(n, 109.0)
+    assert a2.state.records.active["t1"].node == "B" and not a2.placements
+    _tick(a2, 110.0)  # A: B is gone, the task is queued here again and placed
+    t = a2.state.records.active["t1"]
+    assert (t.state, t.node) == (S.QUEUED, "A") and a2.placements == ["t1"]
+    assert "failover.unheard" in a2.logs
+    _tick(b2, 110.0)  # B: A is gone from now on; it adopts after the grace
+    assert b2.state.records.active["t1"].spec.home == "A"
+    _tick(b2, 110.0 + GRACE)
+    assert b2.state.records.active["t1"].spec.home == "B"
