@@ -113,8 +113,9 @@ def test_a_run_without_any_constrained_execution_proves_nothing() -> None:
 
 
 def test_the_labelled_scenario_is_last_and_its_plan_constrains_most_tasks() -> None:
-    # appended after priority-preempt (only `elastic` came after it)
-    assert [s.name for s in FULL[-3:]] == ["priority-preempt", "constrained", "elastic"]
+    # appended after priority-preempt (only `elastic` and `home-loss` came after it)
+    names = [s.name for s in FULL[-4:]]
+    assert names == ["priority-preempt", "constrained", "elastic", "home-loss"]
     assert [sc.name for sc in FULL if sc.labels] == ["constrained"]
     sc = find("constrained")
     plan = make_plan(sc, 1016)
