@@ -110,6 +110,15 @@ OPTIONS: tuple[Option, ...] = (
         _positive,
     ),
     Option(
+        "replicas",
+        "int",
+        None,
+        "copies of a queued task's record, its home's included: a submission is"
+        " acknowledged once they are journaled (default: 2 on clusters of 3 or more,"
+        " else 1; 1 = no copy, the lowest latency)",
+        _positive,
+    ),
+    Option(
         "keep-finished",
         "str",
         "7d",

@@ -17,9 +17,12 @@ the nodes that can take the home's role over, and decides when one of them does.
   node it was committed to, running it or queued there; None while it is at its home)
   and its replicas, in order. When the home has been SWIM `dead` (or `left`) for at
   least `grace` seconds on this node's clock, and this node is not itself declared
-  dead: the runner adopts the task; a replica adopts it only if there is no runner (or
-  the runner is the home) or the runner too has been gone for `grace`, and every
-  replica before it in the record has been gone for `grace`. A node never adopts while
+  dead: the runner adopts the task; a replica adopts it only once the home has been
+  gone for two graces (REPLICA_WAIT: a home may place a task a moment before it dies,
+  before its replica hears of the runner; the runner's claim, made after one grace,
+  reaches the replica first), and only if there is no runner (or the runner is the
+  home) or the runner too has been gone for `grace`, and every replica before it in
+  the record has been gone for `grace`. A node never adopts while
   the home is merely `suspect`: a suspicion is refuted within a probe round or becomes
   a death, and the grace keeps a death that is refuted late (a pause, a short
   partition) from moving the authority. A member this node has never heard of is not
@@ -100,6 +103,7 @@ from .messages import MAX_ID_LEN
 
 MAX_EPOCH = 2**63 - 1
 MAX_COPIES = 16
+REPLICA_WAIT = 2.0  # graces a replica waits for a dead home (a runner: one)
 MAX_SEEN = 65_536  # claims remembered for tasks this node holds no record of
 GONE = (MemberState.DEAD, MemberState.LEFT)
 
@@ -379,9 +383,9 @@ class Succession:
                     out.append(n)
         return out
 
-    def _gone_long(self, node: NodeId | None, now: float) -> bool:
+    def _gone_long(self, node: NodeId | None, now: float, graces: float = 1.0) -> bool:
         g = None if node is None else self.gone_for(node, now)
-        return g is not None and g >= self.grace
+        return g is not None and g >= graces * self.grace
 
     def _consider(self, task_id: TaskId, rec: Record, now: float) -> Adopt | None:
         if not rec.successor_of(self.me) or not self._gone_long(rec.home, now):
@@ -390,6 +394,8 @@ class Succession:
             return None
         as_runner = rec.runner == self.me
         if not as_runner:
+            if not self._gone_long(rec.home, now, REPLICA_WAIT):
+                return None  # a runner we have not heard of claims first (see the top)
             if rec.runner not in (None, rec.home) and not self._gone_long(rec.runner, now):
                 return None  # the runner (alive, suspect or not long gone) adopts it
             for r in rec.replicas:

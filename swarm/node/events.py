@@ -198,6 +198,15 @@ class SendNotices:
 
 
 @attrs.frozen
+class SendReplica:
+    """Send a replica message (replicas.py) to `dest`; its answer goes back to the
+    state (`replica_acked`); none: the next tick sends it again."""
+
+    dest: m.NodeId
+    msg: Any  # replicas.ReplicaMsg (not imported here: replicas.py imports this module)
+
+
+@attrs.frozen
 class Later:
     """Carry these out in a task of their own (the caller must not wait on them)."""
 
@@ -229,6 +238,7 @@ Instruction = (
     | SyncGlobals
     | KickRunner
     | SendNotices
+    | SendReplica
     | Later
 )
 

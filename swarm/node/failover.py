@@ -37,11 +37,12 @@ import attrs
 
 from .. import model as m
 from ..cluster import handoff as h
-from ..cluster.succession import Adopt, Notice, NoticeAction, Succession
+from ..cluster.succession import Adopt, Notice, NoticeAction, Rereplicate, Succession
 from ..policy import shares as sh
 from . import events as ev
 from .records import TaskRecords
-from .recovery import ADOPT, HOME, Handoffs
+from .recovery import ADOPT, HOME, REPLICA, Handoffs
+from .replicas import Held
 
 S = m.TaskState
 NOTICES_PER_MESSAGE = 256
@@ -63,6 +64,8 @@ class Failover:
     arrived: dict[m.TaskId, float]
     succession: Succession
     adopted: dict[m.TaskId, tuple[m.NodeId, int]]  # task -> (old home, claim epoch)
+    mine: dict[m.TaskId, tuple[m.NodeId, ...]]  # replicas.py: our tasks' replicas
+    held: dict[m.TaskId, Held]  # replicas.py: copies of other homes' tasks
     heard: set[m.NodeId]  # members this node's view has named, in any state
     peer_since: float | None  # when the view first named another member alive
     counters: dict[str, int]
@@ -74,6 +77,12 @@ class Failover:
         ) -> list[ev.Instruction]: ...
         def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]: ...
         def on_node_dead(self, node: m.NodeId, now: float, wall: float) -> list[ev.Instruction]: ...
+        def replica_updates(self) -> list[ev.Instruction]: ...
+        def rereplicated(
+            self, tid: m.TaskId, nodes: tuple[m.NodeId, ...]
+        ) -> list[ev.Instruction]: ...
+        def forget_replicas(self, tid: m.TaskId) -> list[ev.Instruction]: ...
+        def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]: ...
 
     # ------------------------------------------------------------- inputs
 
@@ -94,8 +103,12 @@ class Failover:
         for d in self.succession.step(now):
             if isinstance(d, Adopt):
                 out += self._adopt(d, now, wall)
+            elif isinstance(d, Rereplicate):
+                if d.task_id in self.mine or self.succession.is_authority(d.task_id):
+                    out += self.rereplicated(d.task_id, d.replicas)
             elif isinstance(d, Notice):
                 owed.setdefault(d.to, []).append(d)
+        out += self.replica_updates()
         for dest, notices in sorted(owed.items()):
             for i in range(0, len(notices), NOTICES_PER_MESSAGE):
                 out.append(ev.SendNotices(dest, tuple(notices[i : i + NOTICES_PER_MESSAGE])))
@@ -121,6 +134,11 @@ class Failover:
                     answers.append(mine)
             elif action in (NoticeAction.DROP, NoticeAction.FORWARD):
                 out += self._yield(n, wall)
+            copy = self.held.get(n.task_id)
+            rec = self.succession.record(n.task_id)
+            if copy is not None and rec is not None and rec.home != copy.home:
+                # someone took the task over: its new replicas get its copy from it
+                out += self.drop_held(n.task_id)
         return answers, out
 
     # ----------------------------------------------------------- helpers
@@ -134,6 +152,7 @@ class Failover:
             return []
         hs = self.handoffs
         named = {ge.home for ge in hs.guest.entries.values()}
+        named |= {c.home for c in self.held.values()}
         for he in hs.home.entries.values():
             if he.phase in (h.HomePhase.REMOTE, h.HomePhase.OFFERING):
                 named |= {he.where, he.target}
@@ -150,26 +169,39 @@ class Failover:
         here: those we hold for other homes, those of ours held elsewhere, those we
         adopted; release the others."""
         me, succ = self.node, self.succession
-        want: dict[m.TaskId, tuple[m.NodeId, int, m.NodeId | None]] = {}
+        Want = tuple[m.NodeId, int, m.NodeId | None, tuple[m.NodeId, ...]]
+        want: dict[m.TaskId, Want] = {}
+        for tid, c in self.held.items():
+            want[tid] = (c.home, 1, c.runner, c.replicas)
         for tid, ge in self.handoffs.guest.entries.items():
-            want[tid] = (ge.home, 1, me)
+            want[tid] = (ge.home, 1, me, ())
+        for tid, copies in self.mine.items():  # ours, with copies elsewhere
+            if tid not in self.adopted:
+                want[tid] = (me, 1, None, copies)
         for tid, he in self.handoffs.home.entries.items():
+            copies = self.mine.get(tid, ())
             if tid in self.adopted:
-                want[tid] = (me, self.adopted[tid][1], me)
-            elif he.where not in ("", me) and he.phase is not h.HomePhase.DONE:
-                want[tid] = (me, 1, he.where)
-        for tid, (home, epoch, runner) in want.items():
+                at = he.where if he.where not in ("", me) else me
+                want[tid] = (me, self.adopted[tid][1], at, copies)
+            elif he.phase is not h.HomePhase.DONE and (copies or he.where not in ("", me)):
+                want[tid] = (me, 1, he.where if he.where not in ("", me) else None, copies)
+        for tid, (home, epoch, runner, copies) in want.items():
             rec = succ.record(tid)
-            if rec is None or (rec.home, rec.epoch, rec.runner) != (home, epoch, runner):
-                succ.hold(tid, home, epoch, runner)
+            if rec is None or (rec.home, rec.epoch, rec.runner, rec.replicas) != (
+                home,
+                epoch,
+                runner,
+                copies,
+            ):
+                succ.hold(tid, home, epoch, runner, copies)
         for tid in [t for t in succ.held() if t not in want]:
             succ.release(tid)
 
     def _adopt(self, d: Adopt, now: float, wall: float) -> list[ev.Instruction]:
         tid = d.task_id
         ge = self.handoffs.guest.adopt(tid)
-        if ge is None:  # nothing held here after all (cannot happen: synced above)
-            return []
+        if ge is None:
+            return self._adopt_copy(d, now, wall)
         spec = attrs.evolve(ge.spec, home=self.node)
         cause = f"adopted from {d.from_home}: {d.reason}"
         t = self.records.get_cached(tid)
@@ -185,8 +217,11 @@ class Failover:
         self.records.store(t)
         self.handoffs.home.adopt(spec, ge.epoch, finished=t.state.terminal)
         self.adopted[tid] = (d.from_home, d.epoch)
+        copy = self.held.pop(tid, None)
         self.counters["adopted"] = self.counters.get("adopted", 0) + 1
         ops = [*self.handoffs.persist_ops([tid], wall), ev.Put(ADOPT + tid, [d.from_home, d.epoch])]
+        if copy is not None:
+            ops.append(ev.Delete(REPLICA + tid))
         out += [ev.Record(t, durable=True), ev.Persist(tuple(ops), durable=True)]
         out.append(ev.log("warning", "failover.adopted", task=tid, home=d.from_home, epoch=d.epoch))
         if t.state is S.QUEUED and tid not in self.queued and tid not in self.running:
@@ -194,16 +229,41 @@ class Failover:
         out.append(ev.KickRunner())  # a queued copy waiting for its home may start now
         return out
 
+    def _adopt_copy(self, d: Adopt, now: float, wall: float) -> list[ev.Instruction]:
+        """A replica takes its copy's task over: queued here as its home, placed again.
+        Handoff epochs start above any its old home could have used (claim << 32)."""
+        tid = d.task_id
+        copy = self.held.pop(tid, None)
+        if copy is None:  # nothing held here after all (cannot happen: synced first)
+            return []
+        spec = attrs.evolve(copy.spec, home=self.node)
+        t = m.new_task(spec, wall, self.node, cause=f"adopted from {d.from_home}: {d.reason}")
+        self.records.store(t)
+        self.handoffs.home.adopt(spec, d.epoch << 32, finished=False)
+        self.adopted[tid] = (d.from_home, d.epoch)
+        self.counters["adopted"] = self.counters.get("adopted", 0) + 1
+        ops = [*self.handoffs.persist_ops([tid], wall), ev.Put(ADOPT + tid, [d.from_home, d.epoch])]
+        ops.append(ev.Delete(REPLICA + tid))
+        out: list[ev.Instruction] = [
+            ev.Record(t, durable=True),
+            ev.Persist(tuple(ops), durable=True),
+        ]
+        if d.replicas:
+            out += self.rereplicated(tid, d.replicas)
+        out.append(ev.log("warning", "failover.adopted", task=tid, home=d.from_home, epoch=d.epoch))
+        return [*out, ev.Place(tid)]
+
     def _yield(self, n: Notice, wall: float) -> list[ev.Instruction]:
         """`n.home` holds the task's home role by a larger claim than ours."""
         tid = n.task_id
         self.handoffs.home.yield_to(tid)
         self.handoffs.guest.adopt(tid)  # a copy we held for the old home: gone too
         self.adopted.pop(tid, None)
+        replicas = self.forget_replicas(tid)
         self.counters["yielded"] = self.counters.get("yielded", 0) + 1
         ops = self.handoffs.persist_ops([tid], wall)
         ops += [ev.Delete(HOME + tid), ev.Delete(ADOPT + tid)]
-        out: list[ev.Instruction] = [ev.Persist(tuple(ops), durable=True)]
+        out: list[ev.Instruction] = [ev.Persist(tuple(ops), durable=True), *replicas]
         out.append(ev.log("warning", "failover.yielded", task=tid, to=n.home, epoch=n.epoch))
         why = f"{n.home} holds it now (adoption, epoch {n.epoch})"
         if tid in self.running:

@@ -83,6 +83,9 @@ class Location:
         ) -> list[ev.Instruction]:
             raise NotImplementedError
 
+        def replica_update(self, tid: m.TaskId) -> list[ev.Instruction]:
+            raise NotImplementedError
+
     # ------------------------------------------------------------ handoff
 
     def apply(
@@ -160,6 +163,7 @@ class Location:
             out += self.release_gpu(t.id)
             out.append(ev.LoadChanged())
             self.arrived.pop(t.id, None)
+            out += self.replica_update(t.id)  # its replicas learn the runner now
             out.append(self._outcome(t.id, True, ""))
             if t.id in self.pending_cancel:
                 self.pending_cancel.discard(t.id)

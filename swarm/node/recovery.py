@@ -6,6 +6,8 @@ Keys (the task records themselves are rows of their own, not keys):
   tomb:<id>    [epoch, wall time]: a guest entry that ended (late offers are refused)
   adopt:<id>   [old home, claim epoch]: a task whose home role this node took over
                (failover.py; cluster/succession.py)
+  replica:<id> a copy of another home's task: its spec, home, runner, replicas
+  repls:<id>   the nodes that keep a copy of a task whose home is here (replicas.py)
   gpu:<id>     a task's GPU slice allocation (a re-queued task restarts on it)
   globals      the global-task set (a CRDT, also gossiped)
   shares, undrain_shares   this node's shares and what an undrain gives back (shares.py)
@@ -28,6 +30,8 @@ HOME = "home:"
 GUEST = "guest:"
 TOMB = "tomb:"
 ADOPT = "adopt:"
+REPLICA = "replica:"  # a copy of another home's task kept here (replicas.py)
+REPLICAS = "repls:"  # the nodes keeping copies of a task whose home is here
 GPU = "gpu:"
 GLOBALS_KEY = "globals"
 USAGE_KEY = "usage"  # this node's decayed usage per principal (fair share, runqueue.py)

@@ -38,6 +38,7 @@ from .location import Location
 from .placing import Job, Placing
 from .records import TaskRecords
 from .recovery import Handoffs
+from .replicas import Held, Replicas
 from .runqueue import RunQueue
 from .shares import ShareChanges
 from .timers import Timers
@@ -67,9 +68,10 @@ class Settings:
     data_digest: bytes = b""  # Bloom digest of the data keys held here
     # issue 19: a task held here is adopted once its home has been SWIM-dead this long
     home_grace: float = 30.0
+    replicas: int | None = None  # copies of a queued task's record (None: by cluster size)
 
 
-class NodeState(Location, Failover, LoadState, Placing, Timers, RunQueue):
+class NodeState(Location, Failover, Replicas, LoadState, Placing, Timers, RunQueue):
     def __init__(
         self,
         node: m.NodeId,
@@ -93,6 +95,10 @@ class NodeState(Location, Failover, LoadState, Placing, Timers, RunQueue):
         self.succession = Succession(node, settings.home_grace)
         self.adopted: dict[m.TaskId, tuple[m.NodeId, int]] = {}  # failover.py
         self.failover_at = 0.0
+        self.replicas_wanted = settings.replicas
+        self.mine: dict[m.TaskId, tuple[m.NodeId, ...]] = {}  # replicas.py
+        self.sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]] = {}
+        self.held: dict[m.TaskId, Held] = {}
         self.heard: set[m.NodeId] = set()
         self.peer_since: float | None = None
         self.gpus = gpupol.GpuAllocator(gpu_devices)

@@ -32,6 +32,7 @@ from ..node import events as ev
 from ..node import recovery
 from ..node.failover import restore_adopted
 from ..node.loadstate import changed_meaningfully
+from ..node.replicas import restore_replicas
 from ..node.state import NodeState, Settings
 from ..policy import gpu as gpupol
 from ..policy import shares as sh
@@ -115,10 +116,11 @@ class Driver(Effects, FailoverIO):
         self.migrator: MoveHooks | None = moves(self) if moves is not None else None
         self.transfers = TransferIO(self, transfer_config)
         self.globals_io = GlobalTaskIO(self)
-        self.reads = PeerReads(table, runner)
+        self.reads = PeerReads(table, runner, self.copy_of)
         self._nursery: trio.Nursery | None = None
         self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
         self._inflight: set[tuple[m.NodeId, h.Request]] = set()
+        self._replica_inflight: set[tuple[m.NodeId, m.TaskId, str, m.NodeId | None]] = set()
         self._seq = 0  # stimuli fed to the state
         self._wake_at = math.inf
         self._wake_kick = trio.Event()
@@ -204,6 +206,7 @@ class Driver(Effects, FailoverIO):
         if globals_ is not None:
             self.state.globals = globals_
         self.state.adopted = restore_adopted(kv)
+        self.state.mine, self.state.held = restore_replicas(kv)
         usage = kv.get(USAGE_KEY)
         if usage is not None:
             try:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attrs
+import trio
+
 from .. import model as m
 from .. import wire
 from ..cluster.membership import EventKind, MemberEvent
@@ -13,6 +16,7 @@ from ..cluster.succession import GONE, Notice, notice_from_wire, notice_to_wire
 from ..logs import EventLog
 from ..node import events as ev
 from ..node.failover import NOTICES_PER_MESSAGE
+from ..node.replicas import ReplicaMsg, replica_msg_from_wire, replica_msg_to_wire
 from ..node.state import NodeState
 from .net import TransportError
 from .peers import ClusterNode, RemoteError
@@ -24,6 +28,7 @@ class FailoverIO:
     cluster: ClusterNode | None
     log: EventLog
     rpc_timeout: float
+    _replica_inflight: set[tuple[m.NodeId, m.TaskId, str, m.NodeId | None]]
 
     if TYPE_CHECKING:  # provided by Driver and Effects
 
@@ -88,3 +93,80 @@ class FailoverIO:
                     stimuli.append(ev.NodeDead(now, wall, self._next_id(), mb.node))
         stimuli.insert(0, ev.MembersSeen(now, wall, self._next_id(), tuple(states)))
         self.run_inline(self.state.handle(*stimuli))
+
+    # ------------------------------------------------------------ replicas
+
+    def copy_of(self, tid: m.TaskId) -> m.Task | None:
+        """A copy we keep of another home's task, as a record (queued at its home, or
+        at the runner it last told us), for `swarm status` when its home is silent."""
+        c = self.state.held.get(tid)
+        if c is None:
+            return None
+        t = m.new_task(c.spec, c.spec.submitted_at or 0.0, c.home, cause="submitted")
+        return attrs.evolve(t, node=c.runner or c.home)
+
+    async def replicate(self, spec: m.TaskSpec) -> int:
+        """Copies of a just-journaled submission at other nodes (node/replicas.py),
+        before its answer: the first k of the rendezvous order that answer (the next
+        ones in order stand in for those that do not). Returns how many hold one."""
+        mship = self.cluster.membership if self.cluster is not None else None
+        live = [mb.node for mb in mship.alive_members()] if mship is not None else []
+        k, candidates = self.state.choose_replicas(spec.id, live)
+        if k == 0:
+            return 0
+        chosen: list[m.NodeId] = []
+        msg = self.state.hold_msg(spec, tuple(candidates[:k]))
+
+        async def one(node: m.NodeId) -> None:
+            if await self._replica_rpc(node, msg):
+                chosen.append(node)
+
+        async with trio.open_nursery() as n:
+            for node in candidates[:k]:
+                n.start_soon(one, node)
+        for node in candidates[k:]:
+            if len(chosen) >= k:
+                break
+            await one(node)
+        await self.execute(self.state.replicas_chosen(spec.id, tuple(chosen)))
+        if len(chosen) < k:
+            self.log.warning("replica.short", task=spec.id, wanted=k, held=len(chosen))
+        return len(chosen)
+
+    async def _replica_rpc(self, node: m.NodeId, msg: ReplicaMsg) -> bool:
+        if self.cluster is None:
+            return False
+        try:
+            r = await self.cluster.request(
+                node, {"op": "replica", "msg": replica_msg_to_wire(msg)}, timeout=2.0
+            )
+        except (TransportError, RemoteError) as e:
+            self.log.debug("replica.rpc_failed", dest=node, task=msg.task_id, error=str(e))
+            return False
+        if r.get("ok") is not True:
+            self.log.info("replica.refused", dest=node, task=msg.task_id, reason=r.get("reason"))
+            return False
+        return True
+
+    async def _send_replica(self, i: ev.SendReplica) -> None:
+        """A replica message owed by the reconciling tick; answered: the state notes
+        it; not: the next tick sends it again (one in flight per message)."""
+        key = (i.dest, i.msg.task_id, i.msg.kind, i.msg.runner)
+        if key in self._replica_inflight:
+            return
+        self._replica_inflight.add(key)
+        try:
+            ok = await self._replica_rpc(i.dest, i.msg)
+        finally:
+            self._replica_inflight.discard(key)
+        if ok:
+            self.run_inline(self.state.replica_acked(i.dest, i.msg))
+
+    async def rpc_replica(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        """A home's copy of its task, or news of it (node/replicas.py)."""
+        msg = replica_msg_from_wire(req.get("msg"))
+        why, instrs = self.state.on_replica(sender, msg)
+        await self.execute(instrs)
+        return {"ok": why is None, "reason": why}

@@ -68,7 +68,7 @@ class LocalOps(ExplainOps):
         self.clock = clock
         self.log = log
         self.accepting = False  # submissions are taken (between start-up and shutdown)
-        self.access = TaskAccess(node=node, table=table, cluster=cluster)
+        self.access = TaskAccess(node=node, table=table, cluster=cluster, copy_of=coord.copy_of)
         self.shares = Shares(node=node, journal=journal, coord=coord, clock=clock)
         self._submitting: set[m.TaskId] = set()  # chosen ids between check and journal
         self.queue_ops = QueueOps(coord, runner, clock)
@@ -162,10 +162,12 @@ class LocalOps(ExplainOps):
                 m.new_task(spec, self.clock.wall(), self.node),
                 on_written=lambda t: self.coord.place_soon(t.id),
             )
+            # copies at other nodes (issue 19): the answer waits for them
+            copies = await self.coord.replicate(spec)
         except JournalError as e:
             await self._unaccept(spec.id, f"journal write failed: {e}")
             raise RequestError("journal", f"task not accepted: journal write failed: {e}") from None
-        return {"id": spec.id}
+        return {"id": spec.id, "replicas": copies}
 
     async def _resubmitted(self, spec: m.TaskSpec, cred: PeerCred) -> dict[str, Any] | None:
         """A chosen id seen before (in memory or in the journal: a record is never

@@ -5,6 +5,7 @@ another agent) and a task's log, streamed to its home, which proxies it to the c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .. import codec, wire
@@ -15,9 +16,15 @@ from .tasks import TaskTable, UnknownTask
 
 
 class PeerReads:
-    def __init__(self, table: TaskTable, runner: LocalRunner) -> None:
+    def __init__(
+        self,
+        table: TaskTable,
+        runner: LocalRunner,
+        copy_of: Callable[[m.TaskId], m.Task | None] = lambda tid: None,
+    ) -> None:
         self.table = table
         self.runner = runner
+        self.copy_of = copy_of  # a replica's copy of another home's task (issue 19)
 
     async def rpc_task(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
         """Look up a task record here (for `swarm status` from another agent)."""
@@ -28,7 +35,8 @@ class PeerReads:
         try:
             t = await self.table.get(tid)
         except UnknownTask:
-            return {"task": None}
+            copy = self.copy_of(tid)
+            return {"task": None if copy is None else codec.task_to_wire(copy)}
         return {"task": codec.task_to_wire(t)}
 
     async def rpc_logs(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> None:

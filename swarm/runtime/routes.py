@@ -21,6 +21,7 @@ def peer_routes(coord: Driver, migrator: Migrator, ops: LocalOps) -> dict[str, R
         # task handoff between a home and its executors (runtime/driver.py)
         "handoff": coord.rpc_handoff,
         "succession": coord.rpc_succession,  # adoption notices (node/failover.py)
+        "replica": coord.rpc_replica,  # copies of another home's tasks (node/replicas.py)
         "task": coord.reads.rpc_task,  # a task's record, from its home
         "logs": coord.reads.rpc_logs,  # a task's log, streamed from where it runs
         # transfer: load probes, and a receiver taking a queued task

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+from collections.abc import Callable
 
 import trio
 
@@ -22,7 +23,15 @@ class TaskAccess:
     """Finds the task a request names (here, or at its home) and says whether the
     caller may see and control it."""
 
-    def __init__(self, *, node: m.NodeId, table: TaskTable, cluster: ClusterNode) -> None:
+    def __init__(
+        self,
+        *,
+        node: m.NodeId,
+        table: TaskTable,
+        cluster: ClusterNode,
+        copy_of: Callable[[m.TaskId], m.Task | None] = lambda tid: None,
+    ) -> None:
+        self.copy_of = copy_of  # a replica's copy of another home's task (issue 19)
         self.node = node
         self.table = table
         self.cluster = cluster
@@ -55,7 +64,7 @@ class TaskAccess:
         try:
             local = await self.table.get(tid)
         except UnknownTask:
-            local = None
+            local = self.copy_of(tid)  # a copy we keep for its home, if any
         if local is not None and (local.spec.home in ("", self.node) or local.spec.is_global):
             return local
         homes = [local.spec.home] if local is not None else []

@@ -8,6 +8,7 @@ for A run all the same. A back with its disk: it lets go and runs nothing again.
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -126,3 +127,65 @@ def test_runner_restarted_after_its_home_died_runs_what_it_held_queued(
     time.sleep(2.0)
     for tid in ids:
         assert runs(out, tid) == ["fb"], f"{tid} ran again: {runs(out, tid)}"
+
+
+def test_home_lost_with_tasks_queued_there_its_replica_runs_them(
+    make_agent: AgentFactory, short_tmp: Path
+) -> None:
+    """Replicas (issue 19): A runs one long task and holds two queued behind it (B and C
+    are drained, so nothing leaves A). Each submission was answered only once another
+    node had journaled a copy. A is lost with its tasks; the copy's holder takes the
+    three over and, once undrained, runs the two queued ones, once each."""
+    out = short_tmp / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    grace = ["--home-grace", str(GRACE)]
+    c = make_agent("rc", *LOOP, *grace, "--shares", "0")
+    seed = ["--seeds", f"127.0.0.1:{c.port}"]
+    b = make_agent("rb", *LOOP, *grace, *seed, "--shares", "0")
+    a = make_agent("ra", *LOOP, *grace, *seed, "--slots", "1")
+
+    def all_see() -> bool:
+        for x in (a, b, c):
+            with x.client(timeout=10) as cl:
+                seen = {n["node"] for n in cl.call("nodes")["nodes"] if n["state"] == "alive"}
+            if seen != {"ra", "rb", "rc"}:
+                return False
+        return True
+
+    wait_for(all_see, 30, "three agents to see each other")
+    marker = f"sleep {600 + (hash(str(short_tmp)) % 97)}"
+    with a.client() as cl:
+        r = cl.call("submit", argv=marker.split(), cwd="/", name="blocker")
+        assert r["replicas"] == 1, r
+        long_id = r["id"]
+        ids = []
+        for i in range(2):
+            script = f'echo "$SWARM_NODE" >> "{out}/$SWARM_TASK_ID"'
+            r = cl.call("submit", argv=["sh", "-c", script], cwd="/", name=f"q{i}")
+            assert r["replicas"] == 1, r
+            ids.append(r["id"])
+    wait_for(lambda: status(a, long_id)["task"]["state"] == "running", 30, "the blocker")
+    assert all(status(a, t)["task"]["state"] == "queued" for t in ids)
+    a.kill(signal.SIGKILL)  # lost for good, with the task it ran
+    subprocess.run(["pkill", "-9", "-f", marker], check=False)
+
+    # meanwhile every survivor answers from the copy, naming the home that is silent
+    rec = status(c, ids[0])
+    assert rec["task"]["spec"]["home"] == "ra" and "ra did not answer" in rec["note"]
+
+    def adopted() -> bool:  # each by its own replica (rendezvous per task id)
+        homes = [status(x, t)["task"]["spec"]["home"] for t in [long_id, *ids] for x in (b, c)]
+        return all(h in ("rb", "rc") for h in homes)
+
+    took = wait_for(adopted, 30, "the replicas to take the three tasks over")
+    print(f"the replicas took the tasks over {took:.1f}s after the loss")
+    for x in (b, c):
+        with x.client() as cl:
+            cl.call("shares", undrain=True, shares=1024)
+    for tid in ids:
+        wait_for(lambda t=tid: status(c, t)["task"]["state"] == "succeeded", 60, f"{tid} done")
+        assert len(runs(out, tid)) == 1, f"{tid} ran {runs(out, tid)}"
+    p = c.cli("cancel", long_id)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in b.log_text() + c.log_text()

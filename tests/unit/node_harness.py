@@ -51,6 +51,7 @@ class FakeNode:
         self.logs: list[str] = []
         self.retry_failed_offers = False
         self.notices_out: list[ev.SendNotices] = []
+        self.replica_out: list[ev.SendReplica] = []
         self.forgotten: list[m.TaskId] = []
 
     # ------------------------------------------------------------ driver
@@ -92,6 +93,8 @@ class FakeNode:
                 self.logs.append(i.event)
             elif isinstance(i, ev.SendNotices):
                 self.notices_out.append(i)
+            elif isinstance(i, ev.SendReplica):
+                self.replica_out.append(i)
             elif isinstance(i, ev.Forget):
                 self.forgotten.append(i.task_id)
             elif isinstance(i, ev.Later):

@@ -158,18 +158,19 @@ CASES = [
     ("runner: dead then left", "r", "h 4 r -", "h:dead@0 h:left@4", 5.0, True),
     ("runner: itself declared dead", "r", "h 4 r -", "h:dead@0 r:dead@1", 99.0, False),
     ("runner: refuted its death", "r", "h 4 r -", "h:dead@0 r:dead@1 r:alive@2", 99.0, True),
-    ("replica: queued task", "a", "h 4 - a,b", "h:dead@0", 5.0, True),
-    ("replica: task runs at its home", "a", "h 4 h a", "h:dead@0", 5.0, True),
+    ("replica: queued task", "a", "h 4 - a,b", "h:dead@0", 10.0, True),
+    ("replica: queued task, one grace only", "a", "h 4 - a,b", "h:dead@0", 9.9, False),
+    ("replica: task runs at its home", "a", "h 4 h a", "h:dead@0", 10.0, True),
     ("replica: runner alive", "a", "h 4 r a", "h:dead@0 r:alive@0", 99.0, False),
     ("replica: runner suspect", "a", "h 4 r a", "h:dead@0 r:suspect@0", 99.0, False),
     ("replica: runner never heard of", "a", "h 4 r a", "h:dead@0", 99.0, False),
-    ("replica: runner dead, in grace", "a", "h 4 r a", "h:dead@0 r:dead@2", 6.9, False),
-    ("replica: runner dead past grace", "a", "h 4 r a", "h:dead@0 r:dead@2", 7.0, True),
+    ("replica: runner dead, in grace", "a", "h 4 r a", "h:dead@0 r:dead@6", 10.9, False),
+    ("replica: runner dead past grace", "a", "h 4 r a", "h:dead@0 r:dead@6", 11.0, True),
     ("2nd replica: 1st alive", "b", "h 4 - a,b", "h:dead@0 a:alive@0", 99.0, False),
     ("2nd replica: 1st suspect", "b", "h 4 - a,b", "h:dead@0 a:suspect@0", 99.0, False),
     ("2nd replica: 1st never heard of", "b", "h 4 - a,b", "h:dead@0", 99.0, False),
-    ("2nd replica: 1st dead, in grace", "b", "h 4 - a,b", "h:dead@0 a:dead@1", 5.9, False),
-    ("2nd replica: 1st dead past grace", "b", "h 4 - a,b", "h:dead@0 a:dead@1", 6.0, True),
+    ("2nd replica: 1st dead, in grace", "b", "h 4 - a,b", "h:dead@0 a:dead@6", 10.9, False),
+    ("2nd replica: 1st dead past grace", "b", "h 4 - a,b", "h:dead@0 a:dead@6", 11.0, True),
     ("not a successor", "x", "h 4 r a", "h:dead@0", 99.0, False),
     ("the home itself", "h", "h 4 - a", "h:dead@0", 99.0, False),
 ]
@@ -296,11 +297,11 @@ def test_a_yielded_adopter_stops_telling() -> None:
     s.hold("t1", "h", 1, None, ("a",))
     s.on_member("h", DEAD, 0.0)
     s.on_member("b", ALIVE, 0.0)
-    assert isinstance(s.step(5.0)[0], Adopt) and s.is_authority("t1")
+    assert isinstance(s.step(10.0)[0], Adopt) and s.is_authority("t1")  # a replica: 2 graces
     assert s.on_adoption_notice("t1", "b", 2) is NoticeAction.DROP
     assert not s.is_authority("t1")
-    s.on_member("h", ALIVE, 6.0)
-    assert s.step(7.0) == []
+    s.on_member("h", ALIVE, 11.0)
+    assert s.step(12.0) == []
 
 
 def test_a_bystander_remembers_the_larger_claim_and_answers_a_smaller_one_stale() -> None:
@@ -362,10 +363,10 @@ def test_an_adopter_that_saw_nobody_alive_names_replicas_when_they_return() -> N
     a.hold("t1", "h", 1, None, ("a",))
     a.on_member("h", DEAD, 0.0)
     a.on_member("b", DEAD, 0.0)
-    (adopt,) = a.step(5.0)
+    (adopt,) = a.step(10.0)  # a replica waits two graces
     assert isinstance(adopt, Adopt) and adopt.replicas == ()
-    a.on_member("b", ALIVE, 6.0)
-    (again, notice) = a.step(6.5)
+    a.on_member("b", ALIVE, 11.0)
+    (again, notice) = a.step(11.5)
     assert again == Rereplicate("t1", 2, 1, ("b",), ("b",), "0 of 1 replicas")
     assert notice == Notice("b", "t1", "a", 2, None, ("b",), 1)
 

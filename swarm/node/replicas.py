@@ -1,0 +1,268 @@
+"""Replicas of tasks (pure; issue 19): a task queued at its home is lost with the
+home's disk unless another node keeps a copy. With `replicas = k` (default 2 on
+clusters of 3 or more), a submission is acknowledged once k-1 other nodes, the first
+of the task id's rendezvous order over live members (cluster/succession.py), have
+journaled a copy of it (`replica:<id>`): its spec, its home, where it runs.
+
+* **Home side.** The home remembers whom it gave copies (`repls:<id>`) and keeps them
+  current from its own records, one message per change, retried each failover tick
+  until acknowledged: the runner once the task is committed elsewhere (or none, back
+  at home), `release` once it ended (then the copies and `repls:<id>` go). A replica
+  gone for a grace is replaced (succession's `Rereplicate`): the new one gets the
+  whole copy.
+* **Replica side.** A copy is accepted from the task's home only (its spec names the
+  sender its home), or from whoever took the home role over. When the home has been
+  SWIM-dead for the grace and the runner too (or there is none, or the home ran it
+  itself), the first live replica adopts the task (failover.py): it becomes its home
+  and places it again. A copy whose task someone else took over, naming other
+  replicas, is dropped.
+
+What it costs and what it bounds: one round trip and one fsync at the replica per
+submission before the answer; one message per placement and one per end, after the
+fact. The runner is learnt after the commit (up to a tick later): a home that dies in
+that window leaves a replica that may adopt a task its runner adopts too; the larger
+claim wins and the other copy is stopped (at-least-once, recorded). A task that ended
+just before its home died may be run again by its replica for the same reason.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .. import codec, wire
+from .. import model as m
+from ..cluster import handoff as h
+from ..cluster.messages import MAX_ID_LEN
+from ..cluster.succession import MAX_COPIES, replica_of, replicas_wanted
+from . import events as ev
+from .records import TaskRecords
+from .recovery import REPLICA, REPLICAS, Handoffs
+
+RELEASE = "release"
+HOLD = "hold"
+RUNNER = "runner"
+
+
+@attrs.frozen
+class ReplicaMsg:
+    """Home -> replica: hold a copy (with the spec), where it runs now, or release."""
+
+    kind: str  # hold | runner | release
+    task_id: m.TaskId
+    home: m.NodeId
+    runner: m.NodeId | None = None
+    replicas: tuple[m.NodeId, ...] = ()
+    spec: m.TaskSpec | None = None
+
+
+@attrs.define
+class Held:
+    """A copy this node keeps of another home's task."""
+
+    spec: m.TaskSpec
+    home: m.NodeId
+    runner: m.NodeId | None
+    replicas: tuple[m.NodeId, ...]
+
+
+def replica_msg_to_wire(r: ReplicaMsg) -> dict[str, Any]:
+    return {
+        "kind": r.kind,
+        "id": r.task_id,
+        "home": r.home,
+        "runner": r.runner,
+        "replicas": list(r.replicas),
+        "spec": None if r.spec is None else codec.task_spec_to_wire(r.spec),
+    }
+
+
+def replica_msg_from_wire(obj: Any) -> ReplicaMsg:
+    """A peer's replica message (wire.SchemaError naming the field if malformed)."""
+    f = wire.Fields(obj, "replica")
+    kind = f.str("kind", required=True, max_len=16)
+    if kind not in (HOLD, RUNNER, RELEASE):
+        raise wire.SchemaError(f"replica: field 'kind' must be hold, runner or release: {kind!r}")
+    tid = f.task_id("id", required=True)
+    home = f.str("home", required=True, max_len=MAX_ID_LEN)
+    runner = f.str("runner", None, max_len=MAX_ID_LEN)
+    replicas = f.str_list("replicas", max_items=MAX_COPIES)
+    spec = f.nested("spec", codec.task_spec_from_wire)
+    f.done()
+    if not home or any(not r or len(r) > MAX_ID_LEN for r in replicas):
+        raise wire.SchemaError("replica: field 'home' or 'replicas': an empty or long node id")
+    if kind == HOLD and (spec is None or spec.id != tid or spec.home != home):
+        raise wire.SchemaError("replica: field 'spec' must be the task's, naming its home")
+    return ReplicaMsg(kind, tid, home, runner or None, tuple(replicas), spec)
+
+
+class Replicas:
+    """The replica part of NodeState (state.py), which holds the fields below."""
+
+    node: m.NodeId
+    records: TaskRecords
+    handoffs: Handoffs
+    replicas_wanted: int | None  # the configured copies (None: by cluster size)
+    mine: dict[m.TaskId, tuple[m.NodeId, ...]]  # our tasks -> the nodes holding copies
+    sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]]  # acknowledged
+    held: dict[m.TaskId, Held]  # copies of other homes' tasks
+    counters: dict[str, int]
+
+    if TYPE_CHECKING:
+
+        def _sync_succession(self) -> None: ...
+
+    # ------------------------------------------------------------ home side
+
+    def choose_replicas(
+        self, task_id: m.TaskId, live: list[m.NodeId], extra: int = 2
+    ) -> tuple[int, tuple[m.NodeId, ...]]:
+        """How many copies to make (besides ours) and the candidates in order (the
+        first `k`, then `extra` more to try if some do not answer)."""
+        members = [n for n in live if n != self.node]
+        k = replicas_wanted(len(members) + 1, self.replicas_wanted) - 1
+        return k, replica_of(task_id, self.node, members, k + extra) if k > 0 else ()
+
+    def replicas_chosen(
+        self, task_id: m.TaskId, nodes: tuple[m.NodeId, ...]
+    ) -> list[ev.Instruction]:
+        """These nodes journaled a copy of our task (the submission's answer waits for
+        this write)."""
+        if not nodes:
+            return []
+        self.mine[task_id] = nodes
+        for n in nodes:
+            self.sent[(task_id, n)] = (RUNNER, None)
+        return [ev.Persist((ev.Put(REPLICAS + task_id, list(nodes)),), durable=True)]
+
+    def hold_msg(self, spec: m.TaskSpec, replicas: tuple[m.NodeId, ...]) -> ReplicaMsg:
+        return ReplicaMsg(HOLD, spec.id, self.node, None, replicas, spec)
+
+    def _wanted_state(self, tid: m.TaskId) -> tuple[str, m.NodeId | None]:
+        t = self.records.get_cached(tid)
+        if t is None or t.state.terminal or t.spec.home != self.node:
+            return (RELEASE, None)
+        he = self.handoffs.home.entries.get(tid)
+        if he is not None and he.phase is h.HomePhase.REMOTE and he.where != self.node:
+            return (RUNNER, he.where)
+        return (RUNNER, None)
+
+    def replica_updates(self) -> list[ev.Instruction]:
+        """Messages owed to our tasks' replicas (retried each tick until answered)."""
+        out: list[ev.Instruction] = []
+        for tid in sorted(self.mine):
+            out += self.replica_update(tid)
+        return out
+
+    def replica_update(self, tid: m.TaskId) -> list[ev.Instruction]:
+        """The messages owed to one task's replicas (also sent at once on a commit:
+        the sooner a replica knows the runner, the smaller the window in which it could
+        take over a task that runs elsewhere)."""
+        out: list[ev.Instruction] = []
+        nodes = self.mine.get(tid, ())
+        if nodes:
+            want = self._wanted_state(tid)
+            t = self.records.get_cached(tid)
+            for n in nodes:
+                have = self.sent.get((tid, n))
+                if have == want:
+                    continue
+                if have is None and want[0] != RELEASE and t is not None:
+                    msg = self.hold_msg(t.spec, nodes)  # a new replica: the whole copy
+                    msg = attrs.evolve(msg, runner=want[1])
+                else:
+                    msg = ReplicaMsg(want[0], tid, self.node, want[1], nodes)
+                out.append(ev.SendReplica(n, msg))
+        return out
+
+    def replica_acked(self, dest: m.NodeId, msg: ReplicaMsg) -> list[ev.Instruction]:
+        tid = msg.task_id
+        if tid not in self.mine or dest not in self.mine[tid]:
+            return []
+        self.sent[(tid, dest)] = (RELEASE if msg.kind == RELEASE else RUNNER, msg.runner)
+        if all(self.sent.get((tid, n), ("",))[0] == RELEASE for n in self.mine[tid]):
+            return self.forget_replicas(tid)
+        return []
+
+    def forget_replicas(self, tid: m.TaskId) -> list[ev.Instruction]:
+        nodes = self.mine.pop(tid, ())
+        for n in nodes:
+            self.sent.pop((tid, n), None)
+        return [ev.Persist((ev.Delete(REPLICAS + tid),))] if nodes else []
+
+    def rereplicated(self, tid: m.TaskId, nodes: tuple[m.NodeId, ...]) -> list[ev.Instruction]:
+        """Succession named new replicas for our task: the new ones get the copy."""
+        old = self.mine.get(tid, ())
+        for n in old:
+            if n not in nodes:
+                self.sent.pop((tid, n), None)
+        self.mine[tid] = nodes
+        return [ev.Persist((ev.Put(REPLICAS + tid, list(nodes)),), durable=True)]
+
+    # --------------------------------------------------------- replica side
+
+    def on_replica(
+        self, sender: m.NodeId, msg: ReplicaMsg
+    ) -> tuple[str | None, list[ev.Instruction]]:
+        """A home's message about its task: (why refused, or None; what to do)."""
+        tid = msg.task_id
+        if msg.home != sender:
+            return f"replica of {tid}: sent by {sender}, not by its home {msg.home}", []
+        cur = self.held.get(tid)
+        if msg.kind == HOLD:
+            assert msg.spec is not None  # replica_msg_from_wire checks it
+            if self.records.get_cached(tid) is not None and tid not in self.held:
+                # we hold the task itself (we run it, or we are its home): no copy
+                return None, []
+            self.held[tid] = Held(msg.spec, sender, msg.runner, msg.replicas)
+            self.counters["replicas_held"] = self.counters.get("replicas_held", 0) + 1
+            return None, [self._persist_held(tid)]
+        if cur is None or cur.home != sender:
+            return None, []  # released already, or not this home's any more: nothing to do
+        if msg.kind == RELEASE:
+            return None, self.drop_held(tid)
+        cur.runner = msg.runner
+        cur.replicas = msg.replicas or cur.replicas
+        return None, [self._persist_held(tid)]
+
+    def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]:
+        if self.held.pop(tid, None) is None:
+            return []
+        return [ev.Persist((ev.Delete(REPLICA + tid),), durable=True)]
+
+    def _persist_held(self, tid: m.TaskId) -> ev.Persist:
+        c = self.held[tid]
+        value = {
+            "spec": codec.task_spec_to_wire(c.spec),
+            "home": c.home,
+            "runner": c.runner,
+            "replicas": list(c.replicas),
+        }
+        return ev.Persist((ev.Put(REPLICA + tid, value),), durable=True)
+
+
+def restore_replicas(
+    kv: dict[str, Any],
+) -> tuple[dict[m.TaskId, tuple[m.NodeId, ...]], dict[m.TaskId, Held]]:
+    """Our tasks' replicas (`repls:`) and the copies we keep (`replica:`) from the
+    journal; a malformed entry is skipped (the copy is lost, as without replicas)."""
+    mine: dict[m.TaskId, tuple[m.NodeId, ...]] = {}
+    held: dict[m.TaskId, Held] = {}
+    for key, value in kv.items():
+        try:
+            if key.startswith(REPLICAS):
+                mine[key[len(REPLICAS) :]] = tuple(str(n) for n in value)
+            elif key.startswith(REPLICA):
+                f = wire.Fields(value, "replica record")
+                spec = wire.decode_with(codec.task_spec_from_wire, f.map("spec", required=True))
+                held[spec.id] = Held(
+                    spec,
+                    f.str("home", required=True),
+                    f.str("runner", None),
+                    tuple(f.str_list("replicas")),
+                )
+                f.done()
+        except (wire.WireError, TypeError, ValueError):
+            continue
+    return mine, held

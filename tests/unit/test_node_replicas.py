@@ -1,0 +1,182 @@
+"""Replicas in the pure NodeState (node/replicas.py): a copy of each submission at
+another node, kept current by its home (where it runs, released when it ends), and
+adopted by that node when the home is gone for good while the task was still queued
+there (issue 19)."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarm import model as m
+from swarm import wire
+from swarm.node.recovery import ADOPT, REPLICA, REPLICAS
+from swarm.node.replicas import (
+    HOLD,
+    RELEASE,
+    RUNNER,
+    ReplicaMsg,
+    replica_msg_from_wire,
+    replica_msg_to_wire,
+    restore_replicas,
+)
+from swarm.node.state import Settings
+
+from .node_harness import FakeNet, FakeNode
+
+S = m.TaskState
+DEAD, ALIVE = m.MemberState.DEAD, m.MemberState.ALIVE
+GRACE = 5.0
+
+
+def _nodes(*names: str) -> tuple[FakeNode, ...]:
+    return tuple(FakeNode(n, settings=Settings(home_grace=GRACE)) for n in names)
+
+
+def _tick(n: FakeNode, now: float) -> None:
+    n.state.failover_at = 0.0
+    n.run(n.state.tick(now, 1000.0 + now))
+
+
+def _deliver(src: FakeNode, nodes: dict[str, FakeNode]) -> int:
+    """Deliver `src`'s replica messages; the answers go back to it."""
+    sent = 0
+    while src.replica_out:
+        i = src.replica_out.pop(0)
+        why, instrs = nodes[i.dest].state.on_replica(src.name, i.msg)
+        nodes[i.dest].run(instrs)
+        assert why is None, why
+        src.run(src.state.replica_acked(i.dest, i.msg))
+        sent += 1
+    return sent
+
+
+def _submitted() -> tuple[FakeNode, FakeNode, FakeNode, FakeNet, m.TaskSpec, str]:
+    """A task submitted at H (queued there), its copy at the replica R chosen."""
+    h, b, c = _nodes("H", "B", "C")
+    net = FakeNet(h, b, c)
+    for n in (h, b, c):
+        n.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    spec = h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
+    k, order = h.state.choose_replicas("t1", ["H", "B", "C"])
+    assert k == 1 and len(order) == 2 and "H" not in order
+    r = order[0]
+    nodes = {"H": h, "B": b, "C": c}
+    why, instrs = nodes[r].state.on_replica("H", h.state.hold_msg(spec, (r,)))
+    assert why is None
+    nodes[r].run(instrs)
+    h.run(h.state.replicas_chosen("t1", (r,)))
+    assert h.kv[REPLICAS + "t1"] == [r] and REPLICA + "t1" in nodes[r].kv
+    return h, b, c, net, spec, r
+
+
+def test_replicas_by_cluster_size_and_configured() -> None:
+    (h,) = _nodes("H")
+    assert h.state.choose_replicas("t", ["H", "B"])[0] == 0  # 2 nodes: 1 copy, ours
+    assert h.state.choose_replicas("t", ["H", "B", "C"])[0] == 1
+    (one,) = (FakeNode("H", settings=Settings(replicas=1)),)
+    assert one.state.choose_replicas("t", ["H", "B", "C", "D"]) == (0, ())
+    (three,) = (FakeNode("H", settings=Settings(replicas=3)),)
+    k, order = three.state.choose_replicas("t", ["H", "B", "C", "D", "E"])
+    assert k == 2 and len(order) == 4
+
+
+def test_the_home_keeps_its_replica_current_then_releases_it() -> None:
+    h, b, c, net, _, r = _submitted()
+    nodes = {"H": h, "B": b, "C": c}
+    runner = "C" if r == "B" else "B"
+    why, instrs = h.state.offer("t1", runner, 0.0, 0.0)
+    assert why is None
+    h.run(instrs)
+    net.settle()  # the commit tells the replica at once (the tick would again, unanswered)
+    assert [(i.dest, i.msg.kind, i.msg.runner) for i in h.replica_out] == [(r, RUNNER, runner)]
+    assert _deliver(h, nodes) == 1
+    assert nodes[r].state.held["t1"].runner == runner
+    _tick(h, 2.0)
+    assert h.replica_out == []  # acknowledged: nothing owed
+    # it ends at the runner; its result reaches the home: the copy is released
+    nodes[runner].try_start("t1")
+    nodes[runner].finish("t1", 0)
+    net.settle()
+    assert h.state.records.finished["t1"].state is S.SUCCEEDED
+    _tick(h, 3.0)
+    assert [(i.dest, i.msg.kind) for i in h.replica_out] == [(r, RELEASE)]
+    _deliver(h, nodes)
+    assert "t1" not in nodes[r].state.held and REPLICA + "t1" not in nodes[r].kv
+    assert "t1" not in h.state.mine and REPLICAS + "t1" not in h.kv
+
+
+def test_a_replica_adopts_a_task_queued_at_its_dead_home_and_places_it() -> None:
+    h, b, c, _, _, r = _submitted()
+    rep = {"B": b, "C": c}[r]
+    rep.state.members_seen((("H", DEAD),), 10.0)
+    _tick(rep, 19.9)  # a replica waits two graces: a runner it has not heard of first
+    assert "t1" in rep.state.held and "t1" not in rep.state.records.active
+    _tick(rep, 20.0)
+    t = rep.state.records.active["t1"]
+    assert (t.spec.home, t.state, t.node) == (r, S.QUEUED, r)
+    assert "adopted from H" in t.history[0].cause
+    assert rep.placements == ["t1"]  # placed again, by its new home
+    assert REPLICA + "t1" not in rep.kv and rep.kv[ADOPT + "t1"] == ["H", 2]
+    # its handoff epochs start above anything the old home used
+    assert rep.state.home.entries["t1"].next_epoch > 2**32
+    # H comes back with its disk: told, it lets go of the task it still had queued
+    rep.notices_out.clear()
+    rep.state.members_seen((("H", ALIVE),), 30.0)
+    _tick(rep, 31.0)
+    (send,) = [s for s in rep.notices_out if s.dest == "H"]
+    h.run(h.state.on_notices(r, send.notices, 31.0, 1031.0)[1])
+    assert "t1" not in h.state.records.active and "t1" not in h.state.mine
+    assert REPLICAS + "t1" not in h.kv
+
+
+def test_a_replica_leaves_a_running_task_to_its_runner_and_drops_its_copy() -> None:
+    h, b, c, net, _, r = _submitted()
+    nodes = {"H": h, "B": b, "C": c}
+    runner = "C" if r == "B" else "B"
+    h.run(h.state.offer("t1", runner, 0.0, 0.0)[1])
+    net.settle()
+    _tick(h, 1.0)
+    _deliver(h, nodes)
+    nodes[runner].try_start("t1")
+    for n in (nodes[r], nodes[runner]):
+        n.state.members_seen((("H", DEAD),), 10.0)
+        _tick(n, 16.0)
+    assert nodes[runner].state.records.active["t1"].spec.home == runner
+    assert "t1" not in nodes[r].state.records.active  # the runner is alive: not the replica
+    sends = [s for s in nodes[runner].notices_out if s.dest == r]
+    nodes[r].run(nodes[r].state.on_notices(runner, sends[0].notices, 16.0, 1016.0)[1])
+    assert "t1" not in nodes[r].state.held and REPLICA + "t1" not in nodes[r].kv
+
+
+def test_copies_come_only_from_the_tasks_home() -> None:
+    _, b, _, _, _, _ = _submitted()
+    forged = ReplicaMsg(HOLD, "t9", "H", None, (), m.TaskSpec(id="t9", argv=("x",), home="H"))
+    why, instrs = b.state.on_replica("C", forged)
+    assert why is not None and "not by its home" in why and instrs == []
+    # news of a task we keep no copy of: nothing to do (idempotent after a release)
+    assert b.state.on_replica("H", ReplicaMsg(RELEASE, "t8", "H")) == (None, [])
+
+
+def test_replica_messages_decode_strictly() -> None:
+    spec = m.TaskSpec(id="t1", argv=("x",), home="H")
+    msg = ReplicaMsg(HOLD, "t1", "H", None, ("B",), spec)
+    assert replica_msg_from_wire(replica_msg_to_wire(msg)) == msg
+    good = replica_msg_to_wire(msg)
+    for field, value, says in [
+        ("kind", "steal", "field 'kind'"),
+        ("id", "../x", "field 'id'"),
+        ("home", "", "field 'home'"),
+        ("home", "C", "field 'spec'"),
+        ("replicas", [""], "field 'home' or 'replicas'"),
+        ("more", 1, "unknown field(s) 'more'"),
+    ]:
+        with pytest.raises(wire.SchemaError) as e:
+            replica_msg_from_wire({**good, field: value})
+        assert says in str(e.value), (field, str(e.value))
+
+
+def test_restore_replicas_reads_both_tables_and_skips_bad_entries() -> None:
+    _, b, c, _, _, r = _submitted()
+    rep = {"B": b, "C": c}[r]
+    mine, held = restore_replicas({**rep.kv, REPLICA + "bad": {"spec": 5}, REPLICAS + "t2": ["B"]})
+    assert mine == {"t2": ("B",)} and held["t1"].spec.id == "t1" and "bad" not in held
