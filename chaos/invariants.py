@@ -50,7 +50,7 @@ SCALE_IDLE = "scale-in-victim-idle"
 # issue 19: a task whose home was lost for good, held by a surviving node, is taken over
 # by that node and ends there (one home role per task)
 ADOPTED = "lost-home-task-adopted"
-LOST_WITH_HOME = "lost-with-home"  # queued or running at its lost home: no replica yet
+LOST_WITH_HOME = "lost-with-home"  # at its lost home, with no copy elsewhere (replica.short)
 SCALE = (SCALE_DOUBLE, SCALE_IDLE)
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
@@ -136,9 +136,10 @@ def authority(a: Acked, journals: Mapping[str, JournalData]) -> str:
 
 
 def _left_with_home(a: Acked, journals: Mapping[str, JournalData]) -> Violation | None:
-    """A task of a home lost for good that nobody adopted: fine (no replicas yet) if it
-    was queued, offered or running at the home itself; a violation if a surviving node
-    held it (that node must take it over)."""
+    """A task of a home lost for good that nobody adopted: a violation if a surviving
+    node held it (that node must take it over) or kept a copy of it (the home's
+    `repls:` key); fine if it was at the home with no copy anywhere (accepted without
+    one: no peer answered in time, or `replicas = 1`)."""
     j = journals.get(a.home)
     t = None if j is None else j.tasks.get(a.id)
     if t is None or t.state.terminal:
@@ -149,6 +150,12 @@ def _left_with_home(a: Acked, journals: Mapping[str, JournalData]) -> Violation 
             f"({t.state.value}), and {t.node} never took it over"
         )
         return Violation(ADOPTED, t.node, detail)
+    if j is not None and a.id in j.replicated:
+        detail = (
+            f"task {a.id}: its home {a.home} was lost with it {t.state.value} there, "
+            "and no node that kept a copy took it over"
+        )
+        return Violation(ADOPTED, a.home, detail)
     return None
 
 
@@ -160,8 +167,8 @@ def check_acked(
     """Every acknowledged task reached a terminal state with exactly one recorded result:
     at its home (or the node that took its home role over) for ordinary tasks, on every
     surviving node for global tasks. A task of a home lost for good ends at the node
-    that held it; one still at that home is lost with it (`lost-with-home`: no
-    replicas yet), which is counted, not a violation."""
+    that held it, or at the node that kept its copy; one still at that home with no
+    copy anywhere is lost with it (`lost-with-home`), counted, not a violation."""
     violations: list[Violation] = []
     states: Counter[str] = Counter()
     lost: list[str] = []

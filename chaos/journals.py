@@ -67,6 +67,7 @@ class JournalData:
     integrity: str = "ok"
     bad_records: int = 0  # rows whose record did not decode
     scale: tuple[ScaleEvent, ...] = ()  # elastic pools' journaled actions
+    replicated: frozenset[str] = frozenset()  # tasks of this home with copies (repls:)
 
     def events_of(self, task_id: str) -> list[TransitionEvent]:
         return [e for e in self.transitions if e.task_id == task_id]
@@ -118,6 +119,10 @@ def read_journal(node: str, path: Path) -> JournalData:
                     scale.append(_scale_event(int(seq), float(at), str(ev_node or ""), d))
                 except (KeyError, TypeError, ValueError):
                     bad += 1
+        replicated = frozenset(
+            str(k)[len("repls:") :]
+            for (k,) in conn.execute("SELECT key FROM kv WHERE key LIKE 'repls:%'")
+        )
     finally:
         conn.close()
     return JournalData(
@@ -128,6 +133,7 @@ def read_journal(node: str, path: Path) -> JournalData:
         integrity=integrity,
         bad_records=bad,
         scale=tuple(scale),
+        replicated=replicated,
     )
 
 

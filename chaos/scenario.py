@@ -475,7 +475,7 @@ class Runner:
                 f"failover: {adopted} tasks adopted (a home dead for --home-grace "
                 f"{self.sc.home_grace:g}s), {yielded} let go by a home that came back, "
                 f"{outcome.states.get(inv.LOST_WITH_HOME, 0)} lost with a home lost for good "
-                "(queued or running there: no replicas yet)"
+                "(at that home, with no copy elsewhere)"
             )
         # figures
         res.attempted = self.wl.attempted

@@ -86,17 +86,17 @@ class TaskAccess:
             if found is not None and found.spec.home not in ("", local.spec.home):
                 return found
         if local is not None:
-            self.unanswered[tid] = (
+            self._note(
+                tid,
                 f"its home {local.spec.home} did not answer: this is {self.node}'s copy of"
-                " the record, which may be out of date"
+                " the record, which may be out of date",
             )
-            if len(self.unanswered) > 1024:
-                self.unanswered.pop(next(iter(self.unanswered)))
             return local
         raise RequestError("not_found", f"no task {tid}")
 
     async def _ask_records(self, nodes: list[m.NodeId], tid: m.TaskId) -> m.Task | None:
         results: list[m.Task] = []
+        authoritative: list[bool] = []
 
         async def ask(node: m.NodeId) -> None:
             try:
@@ -109,12 +109,26 @@ class TaskAccess:
                 except wire.WireError:
                     return
                 if t.spec.home == node or not results:
-                    results.insert(0 if t.spec.home == node else len(results), t)
+                    at = 0 if t.spec.home == node else len(results)
+                    results.insert(at, t)
+                    authoritative.insert(at, t.spec.home == node)
 
         async with trio.open_nursery() as n:
             for node in nodes[:256]:
                 n.start_soon(ask, node)
-        return results[0] if results else None
+        if not results:
+            return None
+        best = results[0]
+        if authoritative[0]:
+            return best
+        # only a copy answered (a replica's, or a former holder's): say whose is silent
+        self._note(tid, f"its home {best.spec.home} did not answer: this is a copy kept elsewhere")
+        return best
+
+    def _note(self, tid: m.TaskId, text: str) -> None:
+        self.unanswered[tid] = text
+        if len(self.unanswered) > 1024:
+            self.unanswered.pop(next(iter(self.unanswered)))
 
     async def task(self, f: wire.Fields, cred: PeerCred | None = None) -> m.Task:
         tid = request_checks.check_task_id(f.str("id", required=True, max_len=m.MAX_TASK_ID_LEN))

@@ -158,11 +158,16 @@ def test_a_handed_out_task_nobody_took_over_breaks_adoption() -> None:
     home = Book("n1")
     home.submit(_spec("t1"))
     home.move("t1", m.TaskState.RUNNING, T0 + 1, node="n2")
-    home.submit(_spec("t2"))  # still queued at its home: lost with it, counted
-    journals = {"n1": home.data(), "n2": Book("n2").data()}
-    acked = [inv.Acked("t1", "n1"), inv.Acked("t2", "n1")]
+    home.submit(_spec("t2"))  # still queued at its home, no copy: lost with it, counted
+    home.submit(_spec("t3"))  # queued at its home with a copy elsewhere: must be adopted
+    import attrs
+
+    lost_home = attrs.evolve(home.data(), replicated=frozenset({"t3"}))
+    journals = {"n1": lost_home, "n2": Book("n2").data()}
+    acked = [inv.Acked("t1", "n1"), inv.Acked("t2", "n1"), inv.Acked("t3", "n1")]
     out = inv.check_acked(acked, journals, frozenset({"n1"}))
-    assert [v.invariant for v in out.violations] == [inv.ADOPTED, inv.ACKED]
+    assert [v.invariant for v in out.violations] == [inv.ADOPTED, inv.ACKED, inv.ADOPTED, inv.ACKED]
+    assert "kept a copy" in str(out.violations[2])
     assert out.states.get(inv.LOST_WITH_HOME) == 1
 
 
