@@ -316,6 +316,12 @@ class Succession:
             return NoticeAction.STALE
         if new == old or new_home == self.me:
             return NoticeAction.IGNORE
+        if new_home == old.home:
+            # a later claim of the home we already hold the task for (it adopted the
+            # task, then handed it to us): we stay where its handoff put us; the runner
+            # its notice names may be older than that handoff
+            self._store(task_id, attrs.evolve(new, runner=new.runner or old.runner))
+            return NoticeAction.FOLLOW
         self._store(task_id, new)
         if old.runner == self.me and runner != self.me:
             return NoticeAction.FORWARD

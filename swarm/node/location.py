@@ -237,7 +237,9 @@ class Location:
             exit_code=r.exit_code,
             signal=r.signal,
         )
-        return [*out, rec]
+        # its replicas let go at once: a home that died before telling them would leave
+        # a replica that runs the finished task again
+        return [*out, rec, *self.replica_update(t.id)]
 
     def on_run_now(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
         e = self.guest.entries.get(tid)

@@ -275,6 +275,7 @@ class NodeState(Location, Failover, Replicas, LoadState, Placing, Timers, RunQue
         self.ledger.remove(task.id)
         out = self.release_gpu(task.id)
         out += [ev.LoadChanged(), ev.MoveHook("ended", task.id, task)]
+        out += self.replica_update(task.id)  # ended at its home: its copies go at once
         if task.spec.home != self.node and not task.spec.is_global:
             rep = h.Report(
                 task.id,

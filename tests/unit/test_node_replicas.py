@@ -98,7 +98,8 @@ def test_the_home_keeps_its_replica_current_then_releases_it() -> None:
     nodes[runner].finish("t1", 0)
     net.settle()
     assert h.state.records.finished["t1"].state is S.SUCCEEDED
-    _tick(h, 3.0)
+    # the release goes with the result, not at the next tick (a home that died in
+    # between would leave a replica that runs the finished task again)
     assert [(i.dest, i.msg.kind) for i in h.replica_out] == [(r, RELEASE)]
     _deliver(h, nodes)
     assert "t1" not in nodes[r].state.held and REPLICA + "t1" not in nodes[r].kv
@@ -180,3 +181,24 @@ def test_restore_replicas_reads_both_tables_and_skips_bad_entries() -> None:
     rep = {"B": b, "C": c}[r]
     mine, held = restore_replicas({**rep.kv, REPLICA + "bad": {"spec": 5}, REPLICAS + "t2": ["B"]})
     assert mine == {"t2": ("B",)} and held["t1"].spec.id == "t1" and "bad" not in held
+
+
+def test_the_adopters_own_runner_follows_its_notice_and_keeps_the_task() -> None:
+    """Chaos home-loss (seed 1018): a replica adopted a task and handed it to n4; its
+    adoption notice, naming no runner yet, reached n4, which took it for another
+    node's claim and dropped the task; the adopter waited on n4 for ever."""
+    _, b, c, _, _, r = _submitted()
+    rep = {"B": b, "C": c}[r]
+    other = c if rep is b else b
+    rep.state.members_seen((("H", DEAD),), 10.0)
+    _tick(rep, 20.0)
+    why, instrs = rep.state.offer("t1", other.name, 20.0, 1020.0)
+    assert why is None
+    rep.run(instrs)
+    FakeNet(rep, other).settle()
+    assert other.state.guest.may_run("t1")
+    (send,) = [s for s in rep.notices_out if s.dest == other.name]
+    answers, instrs = other.state.on_notices(rep.name, send.notices, 21.0, 1021.0)
+    other.run(instrs)
+    assert answers == [] and other.state.guest.may_run("t1")
+    assert "failover.yielded" not in other.logs

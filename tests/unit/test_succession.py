@@ -371,6 +371,13 @@ def test_an_adopter_that_saw_nobody_alive_names_replicas_when_they_return() -> N
     assert notice == Notice("b", "t1", "a", 2, None, ("b",), 1)
 
 
+def test_a_later_claim_of_the_same_home_is_followed_where_we_run_it() -> None:
+    r = Succession("r", GRACE)
+    r.hold("t1", "a", 1, "r")  # we run it for a (after a took it over and placed it)
+    assert r.on_adoption_notice("t1", "a", 2, None, ("c",)) is NoticeAction.FOLLOW
+    assert r.record("t1") == Record("a", 2, "r", ("c",))
+
+
 def test_hold_keeps_the_larger_claim() -> None:
     s = Succession("a", GRACE)
     assert s.hold("t1", "h", 2, None, ("a",))
