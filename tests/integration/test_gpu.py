@@ -102,13 +102,22 @@ def test_slices_are_released_on_exit_cancel_and_restart(
     assert state(h3) == "queued"
     g.cli("cancel", h1)
     wait_for(lambda: state(h3) == "running", 30, "third half after cancel")
-    # kill -9 and restart: the running slices' tasks re-queue and run again; nothing leaks
+    # kill -9 and restart: the running tasks outlive the agent under their supervisor and
+    # are re-attached (issue 19), keeping their slices (restored from the journal's
+    # gpu:<id> keys): no slice is free, and a new half waits; nothing leaks
     g.kill(signal.SIGKILL)
     g.start()
     wait_for(lambda: state(h2) == "running" and state(h3) == "running", 60, "re-run after restart")
     nodes = json.loads(g.cli("nodes", "--json").stdout)
     free = sum(gd[1] for gd in nodes[0]["load"]["gpus"])
     assert free == 0
+    for t in (h2, h3):
+        rec = json.loads(g.cli("status", "--json", t).stdout)
+        assert rec["attempts"] == 1, rec  # re-attached, not run again
+    h4 = g.cli("submit", "--gpu", "50", "--", "sleep", "300").stdout.strip()
+    time.sleep(1.5)
+    assert state(h4) == "queued"  # the re-attached tasks' slices are not given away
+    g.cli("cancel", h4)
     g.cli("cancel", h2)
     g.cli("cancel", h3)
     wait_for(
