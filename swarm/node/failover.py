@@ -83,6 +83,7 @@ class Failover:
         ) -> list[ev.Instruction]: ...
         def forget_replicas(self, tid: m.TaskId) -> list[ev.Instruction]: ...
         def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]: ...
+        def explain(self, tid: m.TaskId, rec: dict[str, Any], wall: float) -> ev.Explain: ...
 
     # ------------------------------------------------------------- inputs
 
@@ -103,9 +104,8 @@ class Failover:
         for d in self.succession.step(now):
             if isinstance(d, Adopt):
                 out += self._adopt(d, now, wall)
-            elif isinstance(d, Rereplicate):
-                if d.task_id in self.mine or self.succession.is_authority(d.task_id):
-                    out += self.rereplicated(d.task_id, d.replicas)
+            elif isinstance(d, Rereplicate):  # only ever for a task whose home we are
+                out += self.rereplicated(d.task_id, d.replicas)
             elif isinstance(d, Notice):
                 owed.setdefault(d.to, []).append(d)
         out += self.replica_updates()
@@ -214,16 +214,8 @@ class Failover:
         if t.state is S.MIGRATING and tid not in self.running:
             # its move waited on the dead home: it runs here again, from its checkpoint
             t = m.transition(t, S.QUEUED, wall, "move not carried out: runs here again")
-        self.records.store(t)
-        self.handoffs.home.adopt(spec, ge.epoch, finished=t.state.terminal)
-        self.adopted[tid] = (d.from_home, d.epoch)
-        copy = self.held.pop(tid, None)
-        self.counters["adopted"] = self.counters.get("adopted", 0) + 1
-        ops = [*self.handoffs.persist_ops([tid], wall), ev.Put(ADOPT + tid, [d.from_home, d.epoch])]
-        if copy is not None:
-            ops.append(ev.Delete(REPLICA + tid))
-        out += [ev.Record(t, durable=True), ev.Persist(tuple(ops), durable=True)]
-        out.append(ev.log("warning", "failover.adopted", task=tid, home=d.from_home, epoch=d.epoch))
+        copy = self.held.pop(tid, None)  # a copy we kept as well: not needed now
+        out += self._claim(d, t, ge.epoch, wall, drop_copy=copy is not None)
         if t.state is S.QUEUED and tid not in self.queued and tid not in self.running:
             out += self.enqueue_local(t, now)
         out.append(ev.KickRunner())  # a queued copy waiting for its home may start now
@@ -238,20 +230,33 @@ class Failover:
             return []
         spec = attrs.evolve(copy.spec, home=self.node)
         t = m.new_task(spec, wall, self.node, cause=f"adopted from {d.from_home}: {d.reason}")
+        out = self._claim(d, t, d.epoch << 32, wall, drop_copy=True)
+        if d.replicas:
+            out += self.rereplicated(tid, d.replicas)
+        return [*out, ev.Place(tid)]
+
+    def _claim(
+        self, d: Adopt, t: m.Task, handoff_epoch: int, wall: float, drop_copy: bool
+    ) -> list[ev.Instruction]:
+        """Both adoptions' bookkeeping: the record (its home now this node), a home
+        entry at `handoff_epoch`, the claim (`adopt:<id>`), journaled in that order
+        before anything leaves; a log line and a `swarm explain` entry."""
+        tid = t.id
         self.records.store(t)
-        self.handoffs.home.adopt(spec, d.epoch << 32, finished=False)
+        self.handoffs.home.adopt(t.spec, handoff_epoch, finished=t.state.terminal)
         self.adopted[tid] = (d.from_home, d.epoch)
         self.counters["adopted"] = self.counters.get("adopted", 0) + 1
         ops = [*self.handoffs.persist_ops([tid], wall), ev.Put(ADOPT + tid, [d.from_home, d.epoch])]
-        ops.append(ev.Delete(REPLICA + tid))
-        out: list[ev.Instruction] = [
+        if drop_copy:
+            ops.append(ev.Delete(REPLICA + tid))
+        role = "runner" if d.as_runner else "replica"
+        why = {"outcome": f"adopted as its {role}, claim epoch {d.epoch}: {d.reason}"}
+        return [
             ev.Record(t, durable=True),
             ev.Persist(tuple(ops), durable=True),
+            ev.log("warning", "failover.adopted", task=tid, home=d.from_home, epoch=d.epoch),
+            self.explain(tid, why, wall),
         ]
-        if d.replicas:
-            out += self.rereplicated(tid, d.replicas)
-        out.append(ev.log("warning", "failover.adopted", task=tid, home=d.from_home, epoch=d.epoch))
-        return [*out, ev.Place(tid)]
 
     def _yield(self, n: Notice, wall: float) -> list[ev.Instruction]:
         """`n.home` holds the task's home role by a larger claim than ours."""

@@ -27,7 +27,7 @@ just before its home died may be run again by its replica for the same reason.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -108,10 +108,6 @@ class Replicas:
     sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]]  # acknowledged
     held: dict[m.TaskId, Held]  # copies of other homes' tasks
     counters: dict[str, int]
-
-    if TYPE_CHECKING:
-
-        def _sync_succession(self) -> None: ...
 
     # ------------------------------------------------------------ home side
 

@@ -131,6 +131,9 @@ class FailoverIO:
         await self.execute(self.state.replicas_chosen(spec.id, tuple(chosen)))
         if len(chosen) < k:
             self.log.warning("replica.short", task=spec.id, wanted=k, held=len(chosen))
+            asked = ", ".join(candidates)
+            why = {"outcome": f"accepted with {len(chosen)} of {k} copies (asked {asked})"}
+            self.run_inline([self.state.explain(spec.id, why, self._time()[1])])
         return len(chosen)
 
     async def _replica_rpc(self, node: m.NodeId, msg: ReplicaMsg) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 from swarm.localcluster import LocalAgent
 from tests.conftest import AgentFactory
-from tests.integration.test_cluster import wait_for
+from tests.integration.test_cluster import all_see, wait_for
 
 LOOP = ["--bind", "127.0.0.1"]
 GRACE = 2.0
@@ -32,16 +32,7 @@ def three(make_agent: AgentFactory, slots: int = 1) -> tuple[LocalAgent, LocalAg
     seed = ["--seeds", f"127.0.0.1:{c.port}"]
     a = make_agent("fa", *LOOP, *grace, *seed, "--shares", "0")
     b = make_agent("fb", *LOOP, *grace, *seed, "--slots", str(slots))
-
-    def all_see() -> bool:
-        for x in (a, b, c):
-            with x.client(timeout=10) as cl:
-                seen = {n["node"] for n in cl.call("nodes")["nodes"] if n["state"] == "alive"}
-            if seen != {"fa", "fb", "fc"}:
-                return False
-        return True
-
-    wait_for(all_see, 30, "three agents to see each other")
+    wait_for(lambda: all_see([a, b, c], {"fa", "fb", "fc"}), 30, "three agents to see each other")
     return a, b, c
 
 
@@ -144,16 +135,7 @@ def test_home_lost_with_tasks_queued_there_its_replica_runs_them(
     seed = ["--seeds", f"127.0.0.1:{c.port}"]
     b = make_agent("rb", *LOOP, *grace, *seed, "--shares", "0")
     a = make_agent("ra", *LOOP, *grace, *seed, "--slots", "1")
-
-    def all_see() -> bool:
-        for x in (a, b, c):
-            with x.client(timeout=10) as cl:
-                seen = {n["node"] for n in cl.call("nodes")["nodes"] if n["state"] == "alive"}
-            if seen != {"ra", "rb", "rc"}:
-                return False
-        return True
-
-    wait_for(all_see, 30, "three agents to see each other")
+    wait_for(lambda: all_see([a, b, c], {"ra", "rb", "rc"}), 30, "three agents to see each other")
     marker = f"sleep {600 + (hash(str(short_tmp)) % 97)}"
     with a.client() as cl:
         r = cl.call("submit", argv=marker.split(), cwd="/", name="blocker")

@@ -29,6 +29,7 @@ from swarm import codec, crypto, request_checks, wire
 from swarm import model as m
 from swarm.cluster import messages as msgs
 from swarm.cluster import succession
+from swarm.node import replicas
 from swarm.runtime import journal as jr
 from swarm.runtime import journaldb, net
 from swarm.runtime.api import ApiServer, Ops, PeerCred
@@ -131,6 +132,13 @@ CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = [
         "adoption_notice",
         lambda obj: succession.notice_from_wire(obj, "n1"),
         succession.notice_to_wire(NOTICE),
+    ),
+    (
+        "replica_msg",
+        replicas.replica_msg_from_wire,
+        replicas.replica_msg_to_wire(
+            replicas.ReplicaMsg("hold", SPEC.id, "n1", "n2", ("n3",), SPEC)
+        ),
     ),
 ]
 

@@ -58,6 +58,7 @@ def test_the_runner_adopts_after_the_grace_of_a_swim_death_and_not_before() -> N
     assert b.kv[ADOPT + "t1"] == ["A", 2] and GUEST + "t1" not in b.kv
     assert b.kv[HOME + "t1"]["where"] == "B" and "t1" not in b.state.guest.entries
     assert "failover.adopted" in b.logs
+    assert "adopted as its runner, claim epoch 2" in b.state.explains["t1"][-1]["outcome"]
     # every live member is told, in one message each; the dead home is not
     assert [(s.dest, [n.task_id for n in s.notices]) for s in b.notices_out] == [("C", ["t1"])]
     assert b.notices_out[0].notices[0] == Notice("C", "t1", "B", 2, "B", ())

@@ -116,6 +116,7 @@ def test_a_replica_adopts_a_task_queued_at_its_dead_home_and_places_it() -> None
     t = rep.state.records.active["t1"]
     assert (t.spec.home, t.state, t.node) == (r, S.QUEUED, r)
     assert "adopted from H" in t.history[0].cause
+    assert "adopted as its replica" in rep.state.explains["t1"][0]["outcome"]
     assert rep.placements == ["t1"]  # placed again, by its new home
     assert REPLICA + "t1" not in rep.kv and rep.kv[ADOPT + "t1"] == ["H", 2]
     # its handoff epochs start above anything the old home used
