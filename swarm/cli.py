@@ -177,6 +177,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         extra["reserve_shares"] = args.reserve_shares
     if args.is_global:
         extra["is_global"] = True
+    if args.at_most_once:
+        extra["at_most_once"] = True
     if args.cpu is not None:
         extra["cpu"] = args.cpu
     if args.mem is not None:
@@ -777,6 +779,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cwd", help="working directory (default: the current one)")
     s.add_argument(
         "--no-retry", action="store_true", help="never run twice: fail/lose instead of re-running"
+    )
+    s.add_argument(
+        "--at-most-once",
+        action="store_true",
+        help="never two copies running at once: a runner cut off from the task's home"
+        " stops it when its lease lapses (docs/handoff.md)",
     )
     s.add_argument(
         "--reserve-shares", type=int, default=0, metavar="N", help="shares reserved while it runs"

@@ -68,6 +68,7 @@ def task_spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
         # issue 21's fields travel only when set, so an agent that predates them still
         # reads every task that does not use them
         **{k: v for k, v in _where_to_wire(s).items() if v},
+        **({"at_most_once": True} if s.at_most_once else {}),
     }
 
 
@@ -111,6 +112,7 @@ def task_spec_from_wire(obj: Any) -> m.TaskSpec:
         priority=f.int("priority", m.DEFAULT_PRIORITY, lo=-MAX_PRIORITY, hi=MAX_PRIORITY),
         group=group_name(f.str("group", "", max_len=64), "task"),
         **where_from_wire(f, "task"),
+        at_most_once=f.bool("at_most_once", False),
     )
     f.done()
     return spec

@@ -154,6 +154,7 @@ class Config:
     scale: dict[str, Any]
     supervise: bool
     home_grace: float
+    fence_ttl: float
     replicas: int | None
     keep_tasks: str
     config_file: Path | None = None

@@ -180,6 +180,9 @@ class TaskSpec:
     anti_affinity: int = 0
     data: tuple[str, ...] = ()
     cwd_any: bool = False
+    # issue 19: never two copies running at once (a lease fences the runner; the
+    # home places it again only once that lease has surely lapsed: node/fencing.py)
+    at_most_once: bool = False
 
 
 def same_submission(a: TaskSpec, b: TaskSpec) -> bool:

@@ -110,6 +110,14 @@ OPTIONS: tuple[Option, ...] = (
         _positive,
     ),
     Option(
+        "fence-ttl",
+        "float",
+        10.0,
+        "seconds an --at-most-once task runs on another node than its home without its"
+        " home renewing its lease; then its supervisor stops it (fencing)",
+        _positive,
+    ),
+    Option(
         "replicas",
         "int",
         None,

@@ -149,8 +149,13 @@ def submit_spec(
         priority=priority,
         group=group,
         **where,
+        at_most_once=f.bool("at_most_once", False),
     )
     f.done()
+    if spec.at_most_once and spec.is_global:
+        raise wire.SchemaError(
+            "submit: at_most_once does not apply to a global task (one copy runs on every node)"
+        )
     return spec
 
 

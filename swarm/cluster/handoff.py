@@ -100,7 +100,7 @@ class Cancel:
 class Report:
     task_id: TaskId
     epoch: int
-    state: str  # running | succeeded | failed | cancelled
+    state: str  # running | succeeded | failed | cancelled | fenced (node/fencing.py)
     exit_code: int | None = None
     signal: int | None = None
     reason: str = ""
@@ -179,7 +179,7 @@ def request_from_wire(obj: Any) -> Request:
         r = Cancel(tid, epoch)
     elif kind == "report":
         state = f.str("state", required=True, max_len=16)
-        if state not in ("running", "succeeded", "failed", "cancelled"):
+        if state not in ("running", "succeeded", "failed", "cancelled", "fenced"):
             raise wire.SchemaError(f"handoff report: bad state {state!r}")
         r = Report(
             tid,
@@ -254,6 +254,7 @@ class HolderLost:
 
     task_id: TaskId
     node: NodeId
+    fenced: bool = False  # not dead: its run was fenced (node/fencing.py)
 
 
 @attrs.frozen
@@ -511,6 +512,20 @@ class HomeSide:
         if e.phase is HomePhase.DONE:
             return Reply(r.task_id, e.epoch, True), []  # duplicate of the accepted final report
         e.commit_unacked = False  # the holder evidently got the commit
+        if r.state == "fenced" and e.cancel_unacked:
+            r = attrs.evolve(r, state="cancelled", reason="cancelled (its run was fenced)")
+        if r.state == "fenced":
+            # --at-most-once: its supervisor stopped it (the lease lapsed), so no copy
+            # runs: the task is back here, at a new epoch, to be placed again
+            if e.phase is not HomePhase.REMOTE:
+                return Reply(r.task_id, e.epoch, True), []
+            e.revokes[sender] = max(e.revokes.get(sender, 0), e.epoch)
+            e.where = self.node
+            e.epoch = e.next_epoch
+            e.next_epoch += 1
+            e.phase = HomePhase.LOCAL
+            e.cancel_unacked = False
+            return Reply(r.task_id, r.epoch, True), [HolderLost(r.task_id, sender, fenced=True)]
         if r.final:
             e.phase = HomePhase.DONE
             e.cancel_unacked = False

@@ -207,6 +207,26 @@ class SendReplica:
 
 
 @attrs.frozen
+class AskLease:
+    """Ask `dest`, the home of `task_id`, for the lease of a fenced task at `epoch`
+    (fencing.py); its answer comes back as `LeaseAnswer` with `asked_at`."""
+
+    dest: m.NodeId
+    task_id: m.TaskId
+    epoch: int
+    asked_at: float
+
+
+@attrs.frozen
+class RenewLease:
+    """Move the lease deadline (this node's clock) of a fenced task that runs here
+    forward in its supervisor's lease file."""
+
+    task_id: m.TaskId
+    until: float
+
+
+@attrs.frozen
 class Later:
     """Carry these out in a task of their own (the caller must not wait on them)."""
 
@@ -239,6 +259,8 @@ Instruction = (
     | KickRunner
     | SendNotices
     | SendReplica
+    | AskLease
+    | RenewLease
     | Later
 )
 
@@ -307,6 +329,17 @@ class NoticesUndelivered(Stimulus):
 
 
 @attrs.frozen
+class LeaseAnswer(Stimulus):
+    """A home's answer to `AskLease` (granted False, with why: refused or unanswered)."""
+
+    task_id: m.TaskId
+    epoch: int
+    asked_at: float
+    granted: bool
+    why: str = ""
+
+
+@attrs.frozen
 class CancelRemote(Stimulus):
     """Cancel a task whose home is here and which lives elsewhere (or is in flight)."""
 
@@ -366,4 +399,5 @@ Event = (
     | MembersSeen
     | NoticesUndelivered
     | CancelRemote
+    | LeaseAnswer
 )

@@ -214,6 +214,11 @@ class Failover:
         if t.state is S.MIGRATING and tid not in self.running:
             # its move waited on the dead home: it runs here again, from its checkpoint
             t = m.transition(t, S.QUEUED, wall, "move not carried out: runs here again")
+        if t.spec.at_most_once and t.state is S.QUEUED:
+            t = m.transition(t, S.LOST, wall, not_run_again(d.from_home))
+            if tid in self.ledger:
+                self.ledger.remove(tid)
+            out += [ev.Dequeue(tid), ev.LoadChanged()]
         copy = self.held.pop(tid, None)  # a copy we kept as well: not needed now
         out += self._claim(d, t, ge.epoch, wall, drop_copy=copy is not None)
         if t.state is S.QUEUED and tid not in self.queued and tid not in self.running:
@@ -230,6 +235,9 @@ class Failover:
             return []
         spec = attrs.evolve(copy.spec, home=self.node)
         t = m.new_task(spec, wall, self.node, cause=f"adopted from {d.from_home}: {d.reason}")
+        if spec.at_most_once:
+            t = m.transition(t, S.LOST, wall, not_run_again(d.from_home))
+            return self._claim(d, t, d.epoch << 32, wall, drop_copy=True)
         out = self._claim(d, t, d.epoch << 32, wall, drop_copy=True)
         if d.replicas:
             out += self.rereplicated(tid, d.replicas)
@@ -289,6 +297,15 @@ class Failover:
             self.records.forget(tid)
             out.append(ev.Forget(tid))
         return out
+
+
+def not_run_again(home: m.NodeId) -> str:
+    """Why an adopted `--at-most-once` task that is not running here ends lost: its
+    home may only be cut off, and may place it again on its side (fencing.py)."""
+    return (
+        f"not run again: its home {home} is gone, and may only be cut off with a copy"
+        " running on its side (--at-most-once; resubmit it)"
+    )
 
 
 def restore_adopted(kv: dict[str, Any]) -> dict[m.TaskId, tuple[m.NodeId, int]]:

@@ -78,6 +78,9 @@ class Location:
         def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]:
             raise NotImplementedError
 
+        def fence_ended(self, tid: m.TaskId) -> None:
+            raise NotImplementedError
+
         def offer_decided(
             self, tid: m.TaskId, ok: bool, reason: str, now: float, wall: float
         ) -> list[ev.Instruction]:
@@ -201,16 +204,19 @@ class Location:
         t = self.records.active.get(o.task_id)
         if t is None:
             return []
-        if t.state is S.RUNNING and t.spec.no_retry:
+        what = f"{o.node} fenced its run (its lease lapsed)" if o.fenced else f"{o.node} died"
+        if o.fenced:
+            self.fence_ended(t.id)  # no copy runs: it may be placed again at once
+        if t.spec.no_retry and (t.state is S.RUNNING or o.fenced):  # a fenced run started
             self.counters["lost"] += 1
-            cause = f"{o.node} died while running it (--no-retry)"
+            cause = f"{what} while running it (--no-retry)"
             return [self._change(t.id, S.LOST, wall, cause, durable=True)[1]]
         out: list[ev.Instruction] = []
-        requeued = f"{o.node} died: re-queued"
+        requeued = f"{what}: re-queued"
         if t.state in (S.RUNNING, S.MIGRATING, S.TRANSFERRING):
             out.append(self._change(t.id, S.QUEUED, wall, requeued, node=self.node)[1])
         elif t.state is S.QUEUED:
-            out.append(self._change(t.id, S.TRANSFERRING, wall, f"{o.node} died", node=t.node)[1])
+            out.append(self._change(t.id, S.TRANSFERRING, wall, what, node=t.node)[1])
             out.append(self._change(t.id, S.QUEUED, wall, requeued, node=self.node)[1])
         self.counters["requeued_dead"] += 1
         out.append(ev.Place(t.id))
@@ -226,6 +232,7 @@ class Location:
             out.append(self._change(t.id, S.RUNNING, wall, f"started on {o.node}", node=o.node)[1])
         if not r.final:
             return out
+        self.fence_ended(t.id)
         self.pending_cancel.discard(t.id)
         _, rec = self._change(
             t.id,

@@ -65,6 +65,8 @@ class Placing:
 
         def state_held(self, t: m.Task) -> bool: ...
 
+        def fence_hold(self, t: m.Task, now: float) -> float | None: ...
+
         def local_report(self, wall: float) -> m.LoadReport:
             raise NotImplementedError
 
@@ -188,7 +190,7 @@ class Placing:
             return []
         first: pl.Placement | None = None
         t = self.records.active.get(tid)
-        if t is not None and self.placeable(t):
+        if t is not None and self.placeable(t) and self.fence_hold(t, now) is None:
             first = self.choose(t.spec, now, wall)
             if first.target == self.node and not t.spec.data:
                 adm = self.admit_here(t.spec)
@@ -224,6 +226,12 @@ class Placing:
                     self.explain(tid, {"outcome": kept}, wall),
                     *self.enqueue_local(t, now),
                 ]
+            hold = self.fence_hold(t, now)
+            if hold is not None and job.retry.ready(now):
+                lapse = "until the lease of its last run has surely lapsed (--at-most-once)"
+                rec = {"outcome": f"waits {hold - now:.1f} s {lapse}"}
+                out.append(self.explain(tid, rec, wall))
+                job.retry = attrs.evolve(job.retry, not_before=hold)
             if not job.retry.ready(now):
                 return [*out, ev.WakeAt(job.retry.not_before)]
             if job.first is not None:

@@ -13,6 +13,7 @@ reads them through the two live collections it is given (`queued`, `running`).
 
 from __future__ import annotations
 
+import math
 import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection
@@ -33,6 +34,7 @@ from ..policy.view import LoadView
 from . import events as ev
 from . import gate
 from .failover import Failover
+from .fencing import FENCE_TTL, FENCED, Fencing, RunnerLease
 from .loadstate import LoadState, unmeasured
 from .location import Location
 from .placing import Job, Placing
@@ -69,9 +71,10 @@ class Settings:
     # issue 19: a task held here is adopted once its home has been SWIM-dead this long
     home_grace: float = 30.0
     replicas: int | None = None  # copies of a queued task's record (None: by cluster size)
+    fence_ttl: float = FENCE_TTL  # --at-most-once: the runner's lease (fencing.py)
 
 
-class NodeState(Location, Failover, Replicas, LoadState, Placing, Timers, RunQueue):
+class NodeState(Location, Failover, Fencing, Replicas, LoadState, Placing, Timers, RunQueue):
     def __init__(
         self,
         node: m.NodeId,
@@ -100,6 +103,10 @@ class NodeState(Location, Failover, Replicas, LoadState, Placing, Timers, RunQue
         self.sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]] = {}
         self.held: dict[m.TaskId, Held] = {}
         self.heard: set[m.NodeId] = set()
+        self.fence_ttl = settings.fence_ttl
+        self.fence_leases: dict[m.TaskId, RunnerLease] = {}
+        self.fence_granted: dict[m.TaskId, float] = {}  # home side: last grant (our now)
+        self.fence_since: float | None = None  # our first tick (fencing.fence_hold)
         self.peer_since: float | None = None
         self.gpus = gpupol.GpuAllocator(gpu_devices)
         self.gpu_policy = settings.gpu_policy
@@ -196,6 +203,8 @@ class NodeState(Location, Failover, Replicas, LoadState, Placing, Timers, RunQue
                 self.notices_undelivered(s.notices)
             elif isinstance(s, ev.CancelRemote):
                 out += self.cancel_remote(s.task_id, now, wall)
+            elif isinstance(s, ev.LeaseAnswer):
+                out += self.on_lease_answer(s.task_id, s.epoch, s.asked_at, s.granted, s.why, now)
             elif isinstance(s, ev.Sampled):
                 self.on_sample(s.sample, now)
         return out
@@ -216,10 +225,14 @@ class NodeState(Location, Failover, Replicas, LoadState, Placing, Timers, RunQue
         )
 
     def can_start(
-        self, task: m.Task, wall: float | None = None
+        self, task: m.Task, wall: float | None = None, now: float | None = None
     ) -> tuple[str | None, list[ev.Instruction]]:
         if task.spec.group and (why := self.quota_refusal(task.spec, wall)) is not None:
             return why, []
+        if task.spec.at_most_once:  # no clock given: no lease is ever fresh enough
+            why, asks = self.fence_gate(task, now if now is not None else -math.inf)
+            if why is not None:
+                return why, asks
         return gate.can_start(
             task, self.node, self.guest, self.ledger, self.gpus, self.gpu_policy, self.breaks
         )
@@ -276,11 +289,13 @@ class NodeState(Location, Failover, Replicas, LoadState, Placing, Timers, RunQue
         out = self.release_gpu(task.id)
         out += [ev.LoadChanged(), ev.MoveHook("ended", task.id, task)]
         out += self.replica_update(task.id)  # ended at its home: its copies go at once
+        self.fence_leases.pop(task.id, None)
         if task.spec.home != self.node and not task.spec.is_global:
+            fenced = task.state is S.LOST and task.reason.startswith(FENCED)
             rep = h.Report(
                 task.id,
                 0,
-                task.state.value,
+                "fenced" if fenced else task.state.value,
                 exit_code=task.exit_code,
                 signal=task.signal,
                 reason=task.reason,
@@ -316,6 +331,7 @@ class NodeState(Location, Failover, Replicas, LoadState, Placing, Timers, RunQue
         outs = self.home.tick(now) + self.guest.tick(now)
         if outs:
             out += self.apply(outs, [], now, wall)
+        out += self.fence_tick(now)
         if now >= self.failover_at:  # at most once a second: it looks at every entry
             self.failover_at = now + 1.0
             out += self.failover_tick(now, wall)

@@ -40,6 +40,7 @@ from ..policy import transfer as tr
 from .clock import Clock
 from .effects import Effects, MoveHooks
 from .failoverio import FailoverIO
+from .fencingio import FencingIO
 from .globaltasks import GlobalTaskIO
 from .journal import Journal
 from .net import TransportError
@@ -56,7 +57,7 @@ TOMB_TTL = recovery.TOMB_TTL
 USAGE_KEY = recovery.USAGE_KEY
 
 
-class Driver(Effects, FailoverIO):
+class Driver(Effects, FailoverIO, FencingIO):
     def __init__(
         self,
         *,
@@ -382,7 +383,8 @@ class Driver(Effects, FailoverIO):
     def can_start(self, task: m.Task) -> str | None:
         """Why a queued local task must not start now (None: go, and its shares are taken:
         the runner starts every task this gate lets through)."""
-        why, instrs = self.state.can_start(task, self.clock.wall())
+        now, wall = self._time()
+        why, instrs = self.state.can_start(task, wall, now)
         self.run_inline(instrs)
         return why
 

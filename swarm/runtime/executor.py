@@ -14,6 +14,7 @@ errors) is `procstart.py`; this module decides when, and supervises.
 
 from __future__ import annotations
 
+import errno as _errno
 import os
 import signal as _signal
 import subprocess
@@ -80,6 +81,7 @@ class ProcessResult:
     pid: int | None = None
     started_at: float | None = None  # trio clock
     cancelled: bool = False  # we terminated it (cancel/shutdown/migration)
+    fenced: bool = False  # its supervisor killed it (or never started it): lease lapsed
 
     @property
     def ok(self) -> bool:
@@ -189,6 +191,7 @@ class Running:
         self.status_dir = status_dir  # the shim's: its exit file
         self.report_fd = report_fd  # the shim's report, to await (then `pid` is known)
         self.plan = plan
+        self.fenced = False  # its shim's exit file says "fenced": its lease lapsed
         self.ready = trio.Event()
         if report_fd is None:
             self.ready.set()
@@ -206,6 +209,7 @@ class Running:
         file (-9 when it has none: the shim was killed, the task's end is unknown)."""
         if isinstance(self.proc, shimmod.Shim):
             rec = await self.proc.wait()
+            self.fenced = rec is not None and rec.fenced
             return -9 if rec is None else rec.returncode
         rc = await self.proc.wait()
         if self.status_dir is None:
@@ -215,6 +219,7 @@ class Running:
         except shimmod.ExitFileError:
             rec = None
         # no exit file (a full disk): the shim ended as the task did
+        self.fenced = rec is not None and rec.fenced
         return rc if rec is None else rec.returncode
 
     def signal(self, sig: int) -> bool:
@@ -349,10 +354,26 @@ class Executor:
             argv = list(plan.argv)
             kwargs = {"preexec_fn": switch.preexec}
         report: tuple[int, int] | None = None
+        if plan.lease is not None and (
+            self.shim is None or plan.status_dir is None or switch is not None
+        ):
+            close_logs((out, err))
+            if helper is not None:
+                helper.failed()
+            if switch is not None:
+                switch.close()
+            why = "--at-most-once needs the task supervisor (swarm-shim), not available here"
+            return ProcessResult(None, None, spawn_error=why)
         if self.shim is not None and plan.status_dir is not None and switch is None:
             try:
-                report = self._shim_start(plan.status_dir)
+                report = self._shim_start(plan.status_dir, plan.lease)
             except OSError as e:
+                if plan.lease is not None:  # never unfenced: not started
+                    close_logs((out, err))
+                    if helper is not None:
+                        helper.failed()
+                    why = f"cannot give its lease to its supervisor: {e}"
+                    return ProcessResult(None, None, spawn_error=why)
                 # no status directory (a full disk): the task starts as the agent's own
                 # child, as without a shim (it will not outlive the agent)
                 self.log.warning("executor.unsupervised", task=plan.task_id, error=str(e))
@@ -372,14 +393,18 @@ class Executor:
         return Spawn(plan, argv, kwargs, (out, err), switch, helper, report)
 
     @staticmethod
-    def _shim_start(status_dir: Path) -> tuple[int, int]:
+    def _shim_start(status_dir: Path, lease: float | None) -> tuple[int, int]:
         """The attempt's status directory, fresh (an exit file left by an earlier
-        attempt would read as this one's end), and the shim's report pipe."""
+        attempt would read as this one's end; so would a lease), its lease for a
+        fenced task, and the shim's report pipe."""
         status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            os.unlink(status_dir / shimmod.EXIT_FILE)
-        except FileNotFoundError:
-            pass
+        for name in (shimmod.EXIT_FILE, shimmod.LEASE_FILE):
+            try:
+                os.unlink(status_dir / name)
+            except FileNotFoundError:
+                pass
+        if lease is not None:
+            shimmod.write_lease(status_dir, lease)
         r, w = os.pipe2(os.O_CLOEXEC)
         return r, w
 
@@ -443,7 +468,8 @@ class Executor:
                 self.running.pop(handle.task_id, None)
                 plan = handle.plan
                 msg = spawn_error(plan, e.as_oserror()) if plan and e.exec_failed else str(e)
-                return ProcessResult(None, None, spawn_error=msg, pid=proc.pid)
+                fenced = e.errno == _errno.ETIME and not e.exec_failed
+                return ProcessResult(None, None, spawn_error=msg, pid=proc.pid, fenced=fenced)
             finally:
                 os.close(fd)
                 handle.ready.set()
@@ -479,13 +505,28 @@ class Executor:
             if not (self.detaching and handle.supervised):
                 kill_group(handle.pid, _signal.SIGKILL)
             self.running.pop(handle.task_id, None)
-        if rc < 0:
-            return ProcessResult(
-                None, -rc, pid=handle.pid, started_at=handle.started, cancelled=handle.terminating
-            )
         return ProcessResult(
-            rc, None, pid=handle.pid, started_at=handle.started, cancelled=handle.terminating
+            rc if rc >= 0 else None,
+            -rc if rc < 0 else None,
+            pid=handle.pid,
+            started_at=handle.started,
+            cancelled=handle.terminating,
+            fenced=handle.fenced,
         )
+
+    def renew_lease(self, task_id: str, deadline: float) -> bool:
+        """Move a fenced task's lease forward (node/fencing.py); False when it is not
+        running here under a supervisor, or the file cannot be written (then the
+        supervisor fences it at the old deadline, which is safe)."""
+        h = self.running.get(task_id)
+        if h is None or h.status_dir is None:
+            return False
+        try:
+            shimmod.write_lease(h.status_dir, deadline)
+        except OSError as e:
+            self.log.warning("executor.lease_not_written", task=task_id, error=str(e))
+            return False
+        return True
 
     def adopt(self, task_id: str, found: shimmod.Shim, started: float) -> Running:
         """A task a previous run of the agent started under a shim that still runs it

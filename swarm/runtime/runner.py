@@ -17,6 +17,7 @@ import trio
 
 from .. import model as m
 from ..logs import NULL_LOG, EventLog
+from ..node.fencing import fenced
 from . import shim as shimmod
 from .executor import Executor, ProcessPlan, ProcessResult, Running, Spawn
 from .journal import DelProc, PutProc
@@ -338,6 +339,8 @@ class LocalRunner:
                 exit_code=r.exit_code,
                 signal=r.signal,
             )
+        elif r.fenced:  # its supervisor stopped it: the lease lapsed (node/fencing.py)
+            await self.table.change_durably(tid, S.LOST, fenced(task.spec.home), signal=r.signal)
         elif tid in self.preempting and (
             r.cancelled
             or (
@@ -356,13 +359,7 @@ class LocalRunner:
         elif (why_moving := self._stopped_to_move(task, r)) is not None:
             await self.table.change_durably(tid, S.MIGRATING, why_moving)
         elif r.spawn_error is not None:
-            code = (
-                127
-                if r.spawn_error.startswith("command not found")
-                else 126
-                if "permission" in r.spawn_error
-                else 1
-            )
+            code = spawn_exit_code(r.spawn_error)
             await self.table.change_durably(tid, S.FAILED, r.spawn_error, exit_code=code)
         elif r.signal is not None:
             await self.table.change_durably(
@@ -457,3 +454,10 @@ class LocalRunner:
                 n.start_soon(self.executor.terminate, tid, "agent shutdown")
         with trio.move_on_after(self.executor.kill_grace + 5):
             await self._idle.wait()
+
+
+def spawn_exit_code(why: str) -> int:
+    """The exit code a shell would give a start that failed so."""
+    if why.startswith("command not found"):
+        return 127
+    return 126 if "permission" in why else 1

@@ -76,6 +76,7 @@ __all__ = [
 
 SOURCE = Path(__file__).with_name("swarm_shim.c")
 EXIT_FILE = "exit"
+LEASE_FILE = "lease"  # --at-most-once: the deadline past which the shim kills the task
 # A report line is "started <pid>" or "failed <errno> <strerror>": far below this
 MAX_REPORT = 512
 # The exit file is five short lines; anything much bigger is not one of ours
@@ -127,6 +128,7 @@ class ExitRecord:
     signal: int | None
     ended: float  # unix time (CLOCK_REALTIME), when the leader ended
     error: int | None = None  # errno: the task could not be started (exit_code 127)
+    fenced: bool = False  # the shim killed it (or never started it): its lease lapsed
 
     @property
     def returncode(self) -> int:
@@ -259,7 +261,23 @@ def parse_exit(data: bytes) -> ExitRecord:
     if not _digits(whole) or (dot and (not _digits(frac) or len(frac) > 9)):
         raise ExitFileError(f"bad ended {fields['ended'][:40]!r}")
     ended = int(whole) + (int(frac.ljust(9, "0")) / 1e9 if dot else 0.0)
-    return ExitRecord(pid, exit_code, signal, ended, error)
+    if fields.get("fenced", "1") != "1":
+        raise ExitFileError(f"bad fenced {fields['fenced'][:40]!r}")
+    return ExitRecord(pid, exit_code, signal, ended, error, fenced="fenced" in fields)
+
+
+def write_lease(status_dir: Path, deadline: float) -> None:
+    """Give (or move forward) the lease of the task in `status_dir`: its shim kills it
+    once CLOCK_MONOTONIC (time.monotonic) passes `deadline`. A new file renamed over
+    the old one, so that the shim never reads half of it; not synced (a reboot ends
+    the task anyway, and the monotonic clock with it). Raises OSError."""
+    tmp = status_dir / (LEASE_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, b"%d\n" % max(0, int(deadline * 1e9)))
+    finally:
+        os.close(fd)
+    os.replace(tmp, status_dir / LEASE_FILE)
 
 
 def _int(fields: dict[str, str], key: str, low: int, high: int) -> int:

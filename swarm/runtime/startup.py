@@ -286,6 +286,7 @@ def driver(
         report_max_age=max_age,
         data_delay=config.data_delay,
         home_grace=config.home_grace,
+        fence_ttl=config.fence_ttl,
         replicas=config.replicas,
         labels=node_labels(config, gpus),
         data_digest=data_digest(config, log),

@@ -28,9 +28,19 @@
  *        pid <taskpid>
  *        exit <code>   or   signal <number>
  *        error <errno>                 (only when the task could not be started)
+ *        fenced 1                      (only when the shim killed it: its lease lapsed)
  *        ended <unix seconds>.<ns>     (CLOCK_REALTIME, when the leader ended)
  *      then ends the way the task did: its exit code, or death by its signal (the
  *      exit file may be missing, on a full disk: a parent still learns the end).
+ * Fencing (--at-most-once, node/fencing.py): when STATUS_DIR/lease exists at the start
+ * it holds a deadline, "<CLOCK_MONOTONIC ns>\n", which the agent moves forward (a
+ * new file renamed over it) while the task's home renews the runner's lease. The
+ * shim reads it at least every 100 ms; once the clock passes the latest deadline it
+ * read, it SIGKILLs the task's process group and records "fenced 1". It keeps doing so
+ * while the agent is paused, killed or cut off: that is its point. A deadline only
+ * moves forward; a missing or unreadable file keeps the last one. A lease that has
+ * lapsed before the start starts nothing: "error 62 lease lapsed before the start"
+ * (ETIME) and an exit file with "fenced 1".
  * Before STATUS_DIR is open it can only report ("error ...") and exit 1; a usage error
  * (no report possible) exits 2. A failure to create the pipe or to fork after that is
  * reported ("error ...") and recorded as "pid 0", "exit 126", "error <errno>".
@@ -83,11 +93,12 @@ static void report_failed(const char *word, int err, const char *what) {
 }
 
 /* The status file, durably: a restarted agent believes what it finds there. */
-static int write_exit(int dirfd, pid_t pid, const char *how, int code, int err,
+static int write_exit(int dirfd, pid_t pid, const char *how, int code, int err, int fenced,
                       const struct timespec *ended) {
     char buf[256];
     int n = snprintf(buf, sizeof buf, "pid %ld\n%s %d\n", (long)pid, how, code);
     if (err) n += snprintf(buf + n, sizeof buf - (size_t)n, "error %d\n", err);
+    if (fenced) n += snprintf(buf + n, sizeof buf - (size_t)n, "fenced 1\n");
     n += snprintf(buf + n, sizeof buf - (size_t)n, "ended %lld.%09ld\n",
                   (long long)ended->tv_sec, (long)ended->tv_nsec);
     int fd = openat(dirfd, "exit.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
@@ -109,6 +120,58 @@ static int write_exit(int dirfd, pid_t pid, const char *how, int code, int err,
     if (renameat(dirfd, "exit.tmp", dirfd, "exit") < 0) return -1;
     if (fsync(dirfd) < 0) return -1;
     return 0;
+}
+
+/* The lease's deadline (CLOCK_MONOTONIC ns) from STATUS_DIR/lease, or `last` when
+ * there is no readable, well-formed, later one. */
+static long long read_lease(int dirfd, long long last) {
+    int fd = openat(dirfd, "lease", O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return last;
+    char buf[32];
+    ssize_t n;
+    do n = read(fd, buf, sizeof buf - 1);
+    while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0) return last;
+    buf[n] = '\0';
+    char *end;
+    errno = 0;
+    long long v = strtoll(buf, &end, 10);
+    if (errno || end == buf || v < 0 || (*end != '\n' && *end != '\0')) return last;
+    return v > last ? v : last;
+}
+
+static long long mono_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* Wait for the leader to end (WNOWAIT: it stays a zombie), fencing it on the way when
+ * a lease was given: returns 1 when the shim killed it for a lapsed lease. */
+static int wait_leader(pid_t pid, int dirfd, long long deadline, siginfo_t *si, int *w) {
+    int fenced = 0;
+    while (deadline >= 0 && !fenced) {
+        memset(si, 0, sizeof *si);
+        *w = waitid(P_PID, (id_t)pid, si, WEXITED | WNOWAIT | WNOHANG);
+        if (*w < 0 && errno == EINTR) continue;
+        if (*w < 0 || si->si_pid != 0) return 0; /* it ended (or cannot be waited for) */
+        deadline = read_lease(dirfd, deadline);
+        long long left = deadline - mono_ns();
+        if (left <= 0) {
+            kill(-pid, SIGKILL);
+            fenced = 1;
+            break;
+        }
+        if (left > 100000000LL) left = 100000000LL;
+        struct timespec nap = {0, (long)left};
+        nanosleep(&nap, NULL);
+    }
+    do {
+        memset(si, 0, sizeof *si);
+        *w = waitid(P_PID, (id_t)pid, si, WEXITED | WNOWAIT);
+    } while (*w < 0 && errno == EINTR);
+    return fenced;
 }
 
 static void set_all_signals(void (*how)(int)) {
@@ -242,6 +305,13 @@ int main(int argc, char **argv) {
     }
 
     struct timespec ended;
+    long long deadline = read_lease(dirfd, -1); /* -1: no lease, never fenced */
+    if (deadline >= 0 && deadline <= mono_ns()) {
+        report_failed("error", ETIME, "lease lapsed before the start");
+        let_go(dirfd);
+        clock_gettime(CLOCK_REALTIME, &ended);
+        return write_exit(dirfd, 0, "exit", 126, ETIME, 1, &ended) < 0 ? 1 : 0;
+    }
     int errpipe[2];
     pid_t pid = -1;
     const char *what = "cannot create a pipe";
@@ -264,7 +334,7 @@ int main(int argc, char **argv) {
         report_failed("error", err, what);
         let_go(dirfd);
         clock_gettime(CLOCK_REALTIME, &ended);
-        return write_exit(dirfd, 0, "exit", 126, err, &ended) < 0 ? 1 : 0;
+        return write_exit(dirfd, 0, "exit", 126, err, 0, &ended) < 0 ? 1 : 0;
     }
     close(errpipe[1]);
     int err = 0;
@@ -284,11 +354,8 @@ int main(int argc, char **argv) {
     let_go(dirfd);
 
     siginfo_t si;
-    int w;
-    do {
-        memset(&si, 0, sizeof si);
-        w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT);
-    } while (w < 0 && errno == EINTR);
+    int w = 0;
+    int fenced = wait_leader(pid, dirfd, started ? deadline : -1, &si, &w);
     int werr = w < 0 ? errno : 0;
     clock_gettime(CLOCK_REALTIME, &ended);
     if (started && w == 0) kill(-pid, SIGKILL); /* the stragglers; the zombie leader pins the pgid */
@@ -296,14 +363,14 @@ int main(int argc, char **argv) {
     }
 
     if (!started) {
-        write_exit(dirfd, pid, "exit", 127, err, &ended);
+        write_exit(dirfd, pid, "exit", 127, err, 0, &ended);
         return 127;
     }
     if (w < 0) { /* cannot happen for our own child; record something rather than nothing */
-        write_exit(dirfd, pid, "exit", 127, werr, &ended);
+        write_exit(dirfd, pid, "exit", 127, werr, fenced, &ended);
         return 127;
     }
     int exited = si.si_code == CLD_EXITED;
-    write_exit(dirfd, pid, exited ? "exit" : "signal", si.si_status, 0, &ended);
+    write_exit(dirfd, pid, exited ? "exit" : "signal", si.si_status, 0, fenced, &ended);
     return mirror(exited, si.si_status);
 }

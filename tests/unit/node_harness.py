@@ -53,6 +53,8 @@ class FakeNode:
         self.notices_out: list[ev.SendNotices] = []
         self.replica_out: list[ev.SendReplica] = []
         self.forgotten: list[m.TaskId] = []
+        self.asks: list[ev.AskLease] = []
+        self.renewals: list[ev.RenewLease] = []
 
     # ------------------------------------------------------------ driver
 
@@ -97,6 +99,10 @@ class FakeNode:
                 self.replica_out.append(i)
             elif isinstance(i, ev.Forget):
                 self.forgotten.append(i.task_id)
+            elif isinstance(i, ev.AskLease):
+                self.asks.append(i)
+            elif isinstance(i, ev.RenewLease):
+                self.renewals.append(i)
             elif isinstance(i, ev.Later):
                 self.run(list(i.instructions))
 
@@ -114,7 +120,7 @@ class FakeNode:
     def try_start(self, tid: m.TaskId, now: float = 0.0, wall: float = 0.0) -> str | None:
         """The runner's dispatch of one queued task: gate, then start."""
         t = self.state.records.active[tid]
-        why, instrs = self.state.can_start(t)
+        why, instrs = self.state.can_start(t, None, now)
         self.run(instrs)
         if why is not None:
             return why

@@ -491,3 +491,85 @@ async def test_the_shim_ends_as_the_task_did_when_it_cannot_write_the_exit_file(
     await report(r)
     os.rmdir(st2)
     assert p.wait(timeout=5) == -signal.SIGTERM
+
+
+# ---------------------------------------------------------------- fencing (--at-most-once)
+
+
+async def test_a_lapsed_lease_fences_the_task_and_a_renewal_moves_it(
+    shim_bin: Path, tmp_path: Path, groups: list[int]
+) -> None:
+    """The shim kills the task's group once CLOCK_MONOTONIC passes the latest deadline
+    in the lease file, whoever else is around (the agent is not involved at all)."""
+    st = tmp_path / "st"
+    st.mkdir()
+    t0 = time.monotonic()
+    shim.write_lease(st, t0 + 0.6)
+    p, r = start(shim_bin, st, ["sh", "-c", "sleep 60 & sleep 60"], groups)
+    pid = await report(r, groups)
+    time.sleep(0.3)
+    shim.write_lease(st, t0 + 1.2)  # renewed before it lapsed
+    time.sleep(0.3)  # the shim reads it (every 0.1 s at most)
+    shim.write_lease(st, t0 + 0.1)  # a deadline never moves back
+    assert p.wait(timeout=10) == -9
+    took = time.monotonic() - t0
+    assert 1.2 <= took < 5.0  # the poll is 0.1 s; generous for a loaded machine
+    rec = shim.read_exit(st)
+    assert rec is not None and rec.fenced and (rec.pid, rec.signal) == (pid, 9)
+    wait_until(lambda: ended(pid))
+    assert not shim.alive(p.pid)
+    assert sorted(os.listdir(st)) == ["exit", "lease"]
+
+
+async def test_a_task_that_ends_within_its_lease_is_not_fenced(
+    shim_bin: Path, tmp_path: Path
+) -> None:
+    st = tmp_path / "st"
+    st.mkdir()
+    shim.write_lease(st, time.monotonic() + 30)
+    p, r = start(shim_bin, st, ["sh", "-c", "exit 4"])
+    await report(r)
+    assert p.wait(timeout=5) == 4
+    rec = shim.read_exit(st)
+    assert rec is not None and not rec.fenced and rec.exit_code == 4
+
+
+async def test_a_lease_that_lapsed_before_the_start_starts_nothing(
+    shim_bin: Path, tmp_path: Path
+) -> None:
+    st = tmp_path / "st"
+    st.mkdir()
+    mark = tmp_path / "ran"
+    shim.write_lease(st, time.monotonic() - 0.5)
+    p, r = start(shim_bin, st, ["touch", str(mark)])
+    with pytest.raises(shim.ShimStartError, match="lease lapsed before the start") as e:
+        await report(r)
+    assert e.value.errno == 62 and not e.value.exec_failed
+    assert p.wait(timeout=5) == 0
+    rec = shim.read_exit(st)
+    assert rec is not None and rec.fenced and (rec.pid, rec.exit_code, rec.error) == (0, 126, 62)
+    assert not mark.exists()
+
+
+async def test_an_unreadable_lease_keeps_the_last_deadline(
+    shim_bin: Path, tmp_path: Path, groups: list[int]
+) -> None:
+    st = tmp_path / "st"
+    st.mkdir()
+    t0 = time.monotonic()
+    shim.write_lease(st, t0 + 0.5)
+    p, r = start(shim_bin, st, ["sleep", "60"], groups)
+    await report(r, groups)
+    (st / "lease").write_text("tomorrow\n")  # garbage: not a later deadline
+    assert p.wait(timeout=10) == -9
+    assert time.monotonic() - t0 < 5.0
+    rec = shim.read_exit(st)
+    assert rec is not None and rec.fenced
+
+
+def test_exit_file_fenced_flag() -> None:
+    rec = shim.parse_exit(b"pid 7\nsignal 9\nfenced 1\nended 5\n")
+    assert rec.fenced and rec.returncode == -9
+    assert not shim.parse_exit(b"pid 7\nsignal 9\nended 5\n").fenced
+    with pytest.raises(shim.ExitFileError, match="bad fenced"):
+        shim.parse_exit(b"pid 7\nsignal 9\nfenced 2\nended 5\n")
