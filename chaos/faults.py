@@ -244,6 +244,62 @@ class Shim(Fault):
 
 
 @attrs.define
+class Restart(Fault):
+    """An agent restart as `systemctl restart` does it (an upgrade, a changed config):
+    SIGTERM, then a new run from the same state dir at once. The scenario's agents run
+    with `--keep-tasks always` (under systemd the default, `restart`, detects the
+    restart job), so running tasks stay with their supervisors and are re-attached.
+    Instant: the heal does nothing."""
+
+    kind: ClassVar[str] = "restart"
+
+    def start(self, cl: ChaosCluster) -> None:
+        back = [a for a in self.agents(cl) if not a.lost]  # a lost node stays lost
+        for a in back:
+            a.terminate(timeout=30)
+            a.start()
+        for a in back:
+            a.wait_ready()
+
+    def heal(self, cl: ChaosCluster) -> None:
+        pass
+
+
+SKEW = 5.0  # seconds
+
+
+@attrs.define
+class Skew(Fault):
+    """The targets' clocks off by +5 s (odd node numbers) or -5 s (even) for the
+    fault's span: each is restarted (SIGTERM) reading the system clock shifted
+    (SWARM_TEST_CLOCK_SKEW, test mode only: network namespaces share the host's
+    clock); the heal restarts it with the true clock."""
+
+    kind: ClassVar[str] = "skew"
+    before: dict[int, dict[str, str]] = attrs.field(factory=dict)
+
+    def _restart(self, cl: ChaosCluster, skewed: bool) -> None:
+        back = [a for a in self.agents(cl) if not a.lost]
+        for a in back:
+            a.terminate(timeout=30)
+            if skewed:
+                self.before[a.index] = a.env
+                off = SKEW if a.index % 2 else -SKEW
+                a.env = {**a.env, "SWARM_TEST_MODE": "1", "SWARM_TEST_CLOCK_SKEW": str(off)}
+            else:
+                a.env = self.before.get(a.index, a.env)
+            a.start()
+        for a in back:
+            a.wait_ready()
+
+    def start(self, cl: ChaosCluster) -> None:
+        self._restart(cl, True)
+
+    def heal(self, cl: ChaosCluster) -> None:
+        self._restart(cl, False)
+
+
+@attrs.define
 class CpuHog(Fault):
     """Busy loops started in the targets' namespaces (one per core). On one machine the
     whole host feels them; the node's own sampler reports the load it sees."""
@@ -310,5 +366,19 @@ def fill(path: os.PathLike[str]) -> int:
 
 KINDS: dict[str, type[Fault]] = {
     c.kind: c
-    for c in (Kill, Lose, Pause, Isolate, Split, OneWay, Loss, Bandwidth, Shim, CpuHog, DiskFull)
+    for c in (
+        Kill,
+        Lose,
+        Pause,
+        Isolate,
+        Split,
+        OneWay,
+        Loss,
+        Bandwidth,
+        Shim,
+        CpuHog,
+        DiskFull,
+        Restart,
+        Skew,
+    )
 }

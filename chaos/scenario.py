@@ -10,6 +10,7 @@ import os
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,8 @@ from . import faults as fl
 from . import invariants as inv
 from .cluster import ChaosCluster, label_args
 from .journals import JournalData, JournalMissing, read_journal
-from .schedule import FaultPlan, Plan, Scenario, make_plan, node_labels
-from .workload import Workload, read_executions, read_marks
+from .schedule import FaultPlan, Plan, Scenario, make_plan, node_labels, restarts_only
+from .workload import Workload, read_executions, read_marks, read_spans
 
 TMPFS_MB = 24
 ANY = "*"  # settle: a task whose home is lost for good may end at any node (its adopter)
@@ -172,6 +173,10 @@ class Runner:
         args = ["--slots", str(sc.slots), "--shares", "1024"]
         if sc.home_grace is not None:
             args += ["--home-grace", str(sc.home_grace)]
+        if sc.keep_tasks is not None:
+            args += ["--keep-tasks", sc.keep_tasks]
+        if sc.profile is not None:  # after the base flags: it overrides `local`
+            args += ["--profile", sc.profile]
         if self.elastic is not None:
             self.scale_files = el.write_files(self.root, self.elastic)
             args += ["--config", str(self.scale_files.config)]
@@ -207,7 +212,7 @@ class Runner:
     def _exercise(self, cl: ChaosCluster) -> None:
         sc, plan = self.sc, self.plan
         self.t0 = time.time()
-        self.wl = Workload(cl, self.root / "marks", self.t0, log=self.log, timed=sc.priorities)
+        self.wl = Workload(cl, self.root / "marks", self.t0, log=self.log)
         threads = [
             threading.Thread(target=self.wl.submit_all, args=(list(plan.submits),), daemon=True),
             threading.Thread(target=self.wl.drain_all, args=(list(plan.drains),), daemon=True),
@@ -456,6 +461,7 @@ class Runner:
             )
         if self.sc.priorities:
             violations += self._priority_checks(cl, journals, specs)
+        violations += self._issue19_checks(cl, journals, acked)
         if self.sc.labels:
             labels = {f"n{i}": kv for i, kv in node_labels(self.sc).items()}
             co = inv.check_constraints(journals, labels, marks, acked)
@@ -502,6 +508,39 @@ class Runner:
         res.violated = sorted({v.invariant for v in violations})
         if len(violations) > 200:
             res.notes.append(f"{len(violations) - 200} more violations not listed")
+
+    def _issue19_checks(
+        self, cl: ChaosCluster, journals: Mapping[str, JournalData], acked: list[inv.Acked]
+    ) -> list[inv.Violation]:
+        """Every scenario: --at-most-once tasks never overlap, every execution is in a
+        journal, an obeyed cancel ends cancelled; restart scenarios: nothing ran twice."""
+        res = self.result
+        ids = {a.id for a in acked}
+        execs = {t: rs for t, rs in read_executions(self.root / "marks").items() if t in ids}
+        out, procs, again = inv.check_at_most_once(acked, read_spans(self.root / "marks"))
+        amo = sum(1 for a in acked if a.at_most_once)
+        windows = self._fault_windows(cl)
+        if not self.sc.priorities:  # (its own checks did it)
+            out += inv.check_recorded(execs, journals, windows, name=inv.UNRECORDED)
+        cancels = dict(self.wl.cancels)
+        out += inv.check_cancelled(cancels, acked, journals)
+        if restarts_only(self.sc):
+            out += inv.check_no_rerun(acked, execs)
+        fenced = sum(
+            1
+            for j in journals.values()
+            for e in j.transitions
+            if e.dst == "lost" and e.cause.startswith("fenced")
+        )
+        moved = sum(1 for j in journals.values() for e in j.transitions if e.dst == "migrating")
+        answered = Counter(cancels.values())
+        res.notes.append(
+            f"at-most-once: {amo} tasks, {procs} processes from their marks, {again} ran "
+            f"again after a fence or loss (never at once: checked), {fenced} runs fenced; "
+            f"{sum(len(r) for r in execs.values())} executions checked against the journals; "
+            f"cancels answered: {dict(answered)}; {moved} moves to migrating"
+        )
+        return out
 
     def _fault_windows(self, cl: ChaosCluster) -> list[inv.FaultWindow]:
         names = frozenset(a.name for a in cl.agents)

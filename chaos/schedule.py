@@ -24,6 +24,7 @@ class Scenario:
     faults2: tuple[str, ...] = ()  # a second lane, overlapping the first
     hold: tuple[float, float] = (5.0, 10.0)  # how long a fault lasts
     gap: tuple[float, float] = (3.0, 6.0)  # quiet time between faults of one lane
+    lane2: tuple[tuple[float, float], tuple[float, float]] | None = None  # its (hold, gap)
     drains: bool = True
     shim: str | None = None  # every agent runs under this transport fault spec
     tmpfs_node: bool = False  # node 1's state dir on a small tmpfs (disk-full)
@@ -46,8 +47,15 @@ class Scenario:
     # hooks only record their calls; a light workload lets it scale in during the run
     elastic: bool = False
     home_grace: float | None = None  # agents' --home-grace (None: their default, 30 s)
+    keep_tasks: str | None = None  # agents' --keep-tasks (None: their default, restart)
+    profile: str | None = None  # agents' --profile (None: the suite's `local`)
     warmup: float = 4.0  # seconds of workload before the first fault of lane 1
     description: str = ""
+
+
+def restarts_only(sc: Scenario) -> bool:
+    """Are agent restarts (SIGTERM, a new run at once) the scenario's only faults?"""
+    return set(sc.faults) | set(sc.faults2) == {"restart"}
 
 
 @attrs.frozen
@@ -70,12 +78,18 @@ class DrainPlan:
 class SubmitPlan:
     at: float
     node: int
-    kind: str  # plain | weighted | reserved | no-retry | global
+    kind: (
+        str  # plain | weighted | reserved | no-retry | at-most-once | cancel | migratable | global
+    )
     seconds: float  # how long the task sleeps
     weight: float | None = None
     reserve: int = 0
     priority: str | None = None  # a priority class name (`swarm submit --priority`)
     constraints: tuple[str, ...] = ()  # hard constraints (`swarm submit --constraint`)
+    # `cancel`: cancelled this long after its acknowledgement, at node `cancel_node`
+    cancel_after: float = 0.0
+    cancel_node: int = 0
+    migrate: str | None = None  # `swarm submit --migrate` (kind `migratable`)
 
 
 @attrs.frozen
@@ -102,6 +116,8 @@ def nemesis(
 ) -> list[FaultPlan]:
     """Faults one after another (within a lane), each healed before the next starts;
     the last one is healed a few seconds before the workload ends."""
+    if lane == 2 and sc.lane2 is not None:
+        sc = attrs.evolve(sc, hold=sc.lane2[0], gap=sc.lane2[1])
     out: list[FaultPlan] = []
     if not kinds:
         return out
@@ -139,7 +155,8 @@ def drains(sc: Scenario, rng: random.Random) -> list[DrainPlan]:
 
 def workload(sc: Scenario, rng: random.Random) -> list[SubmitPlan]:
     """Short tasks at random nodes and times: plain, weighted, reserved, --no-retry,
-    a few global ones, and bursts at one node."""
+    --at-most-once, cancelled from a random node a moment after their acknowledgement,
+    --migrate restart ones, a few global ones, and bursts at one node."""
     out: list[SubmitPlan] = []
     span = max(1.0, sc.duration - 4.0)
     times = [rng.uniform(0.5, span) for _ in range(sc.tasks)]
@@ -155,11 +172,21 @@ def workload(sc: Scenario, rng: random.Random) -> list[SubmitPlan]:
             out.append(SubmitPlan(at, node, "plain", secs))
         elif r < 0.72:
             out.append(SubmitPlan(at, node, "weighted", secs, weight=round(rng.uniform(0.5, 4), 2)))
-        elif r < 0.86:
+        elif r < 0.84:
             reserve = rng.choice([200, 300, 400, 600])
             out.append(SubmitPlan(at, node, "reserved", secs, reserve=reserve))
-        else:
+        elif r < 0.89:
             out.append(SubmitPlan(at, node, "no-retry", secs))
+        elif r < 0.94:
+            out.append(SubmitPlan(at, node, "at-most-once", secs))
+        elif r < 0.97:
+            # longer than it waits to be cancelled, from any node
+            after, by = round(rng.uniform(0.3, 2.0), 2), rng.randint(1, sc.nodes)
+            out.append(
+                SubmitPlan(at, node, "cancel", secs + 3.0, cancel_after=after, cancel_node=by)
+            )
+        else:
+            out.append(SubmitPlan(at, node, "migratable", secs * 3, migrate="restart"))
     for k in range(sc.globals):
         at = span * (k + 0.5) / max(1, sc.globals)
         out.append(SubmitPlan(at, rng.randint(1, sc.nodes), "global", 0.2))

@@ -22,7 +22,7 @@ import attrs
 from swarm.client import ClientError, RequestFailed
 
 from .cluster import ChaosAgent, ChaosCluster
-from .invariants import Acked, Execution
+from .invariants import Acked, Execution, Span
 from .schedule import DrainPlan, SubmitPlan
 
 SUBMIT_TIMEOUT = 4.0
@@ -42,6 +42,39 @@ def timed_task_argv(marks: Path, seconds: float) -> list[str]:
     mark = shlex.quote(str(marks)) + '/"$SWARM_TASK_ID"'
     say = f'm() {{ echo "$SWARM_NODE $SWARM_ATTEMPT $1 $(date +%s.%N) $$" >> {mark}; }}'
     return ["sh", "-c", f"{say}; m start; trap 'm stop; exit 143' TERM INT; sleep {seconds}; m end"]
+
+
+BEAT = 0.2  # seconds between the marks of an --at-most-once task
+
+
+def beat_task_argv(marks: Path, seconds: float) -> list[str]:
+    """The --at-most-once task: a timed start mark, then a mark every BEAT seconds while
+    it runs (a SIGKILL, its fence, leaves no end: its last beat bounds it), then an end."""
+    mark = shlex.quote(str(marks)) + '/"$SWARM_TASK_ID"'
+    say = f'm() {{ echo "$SWARM_NODE $SWARM_ATTEMPT $1 $(date +%s.%N) $$" >> {mark}; }}'
+    beats = max(1, round(seconds / BEAT))
+    loop = f"n=0; while [ $n -lt {beats} ]; do sleep {BEAT}; m beat; n=$((n+1)); done"
+    return ["sh", "-c", f"{say}; m start; {loop}; m end"]
+
+
+def read_spans(marks: Path) -> dict[str, list[Span]]:
+    """Task id -> each process's span from its timed marks, by start."""
+    out: dict[str, list[Span]] = {}
+    for tid, lines in _mark_files(marks):
+        seen: dict[str, Span] = {}
+        for ln in lines:
+            f = ln.split()
+            if len(f) < 5:
+                continue
+            try:
+                at = float(f[3])
+            except ValueError:
+                continue
+            node, pid = f[0], f[4]
+            s = seen.get(pid)
+            seen[pid] = Span(node, pid, at, at) if s is None else attrs.evolve(s, last=at)
+        out[tid] = sorted(seen.values(), key=lambda s: s.first)
+    return out
 
 
 def _mark_files(marks: Path) -> list[tuple[str, list[str]]]:
@@ -96,7 +129,7 @@ class Workload:
         marks: Path,
         t0: float,
         log: Callable[[str], None] = lambda s: None,
-        timed: bool = False,
+        timed: bool = True,
     ) -> None:
         self.cl = cl
         self.argv = timed_task_argv if timed else task_argv
@@ -105,6 +138,7 @@ class Workload:
         self.t0 = t0
         self.log = log
         self.acked: list[Acked] = []
+        self.cancels: dict[str, str] = {}  # `cancel` tasks: the state the cancel answered
         self.kinds: Counter[str] = Counter()  # acknowledged, by workload kind
         self.attempted = 0
         self.refused: Counter[str] = Counter()  # why submissions were not acknowledged
@@ -144,12 +178,18 @@ class Workload:
             extra["priority"] = sp.priority
         if sp.constraints:
             extra["constraints"] = list(sp.constraints)
+        if sp.migrate is not None:
+            extra["migrate"] = sp.migrate
+        argv = self.argv(self.marks, sp.seconds)
+        if sp.kind == "at-most-once":
+            extra["at_most_once"] = True
+            argv = beat_task_argv(self.marks, sp.seconds)
         with self._lock:
             self.attempted += 1
         try:
             with a.client(timeout=SUBMIT_TIMEOUT) as c:
                 tid = c.submit(
-                    self.argv(self.marks, sp.seconds),
+                    argv,
                     cwd="/",
                     no_retry=sp.kind == "no-retry",
                     name=sp.kind,
@@ -167,8 +207,27 @@ class Workload:
                 self.log(f"submit to {a.name}: {type(e).__name__}: {e}")
             return
         with self._lock:
-            self.acked.append(Acked(tid, a.name, sp.kind == "global", sp.constraints))
+            amo = sp.kind == "at-most-once"
+            self.acked.append(Acked(tid, a.name, sp.kind == "global", sp.constraints, amo))
             self.kinds[sp.kind] += 1
+        if sp.kind == "cancel":
+            threading.Thread(target=self._cancel, args=(tid, sp), daemon=True).start()
+
+    def _cancel(self, tid: str, sp: SubmitPlan) -> None:
+        """Cancel `tid` at node `sp.cancel_node`, `sp.cancel_after` seconds from now;
+        remember what the cancel answered (the task's state, or why it failed)."""
+        if self._stop.wait(sp.cancel_after):
+            return
+        a = self.cl.agents[sp.cancel_node - 1]
+        try:
+            with a.client(timeout=SUBMIT_TIMEOUT * 3) as c:
+                state = str(c.cancel(tid).get("task", {}).get("state", "?"))
+        except RequestFailed as e:
+            state = f"refused: {e.code}"
+        except (TimeoutError, ClientError, OSError) as e:
+            state = f"unanswered: {type(e).__name__}"
+        with self._lock:
+            self.cancels[tid] = state
 
     def _refuse(self, why: str) -> None:
         with self._lock:

@@ -232,9 +232,10 @@ class Agent:
                 )
                 self.ops.stop_accepting()
                 api_scope.cancel()
-                await self.runner.shutdown(keep=stopmode.keep_tasks(self.config.keep_tasks))
-                with trio.move_on_after(3):
-                    await self.cluster.leave()
+                keep = stopmode.keep_tasks(self.config.keep_tasks)
+                await self.runner.shutdown(keep=keep)
+                with trio.move_on_after(3):  # a restart does not leave: its tasks stay
+                    await (trio.sleep(0) if keep else self.cluster.leave())
                 with trio.move_on_after(30):
                     await self.journal.commit([], must_land=True)
                 nursery.cancel_scope.cancel()

@@ -5,6 +5,11 @@ starts agents with `SWARM_TEST_MODE=1 SWARM_TEST_BREAK=<name>` and checks that t
 fails naming the violated invariant. Without SWARM_TEST_MODE=1 nothing here is ever
 active, whatever SWARM_TEST_BREAK says.
 
+One more test-only knob, a number rather than a switch: SWARM_TEST_CLOCK_SKEW=S adds
+S seconds (may be negative, at most 60 either way) to this agent's every reading of the
+system clock (runtime/clock.py `system_time`): the chaos suite's clock-skew scenario
+(network namespaces share the host's clock, so one node's clock cannot be set alone).
+
 Names (comma-separated):
   drop-acked     acknowledge some submissions (ids ending in 0-3) without journaling them
   ignore-drain   start queued tasks on a drained node
@@ -37,3 +42,15 @@ def active() -> frozenset[str]:
 def broken(name: str) -> bool:
     """True only in test mode with `name` listed in SWARM_TEST_BREAK."""
     return name in _active()
+
+
+@functools.cache
+def clock_skew() -> float:
+    """TEST-ONLY: seconds added to this agent's system clock (0 outside test mode)."""
+    if os.environ.get("SWARM_TEST_MODE") != "1":
+        return 0.0
+    try:
+        skew = float(os.environ.get("SWARM_TEST_CLOCK_SKEW", "0"))
+    except ValueError:
+        return 0.0
+    return max(-60.0, min(60.0, skew)) if skew == skew else 0.0

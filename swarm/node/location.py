@@ -258,6 +258,11 @@ class Location:
             # the home did not carry out our move: run it here again, from its checkpoint
             t, r = self._change(tid, S.QUEUED, wall, "move not carried out: runs here again")
             out.append(r)
+        if t is not None and t.state is S.RUNNING and tid in self.running:
+            # re-attached after our restart (its supervisor kept it running): the home's
+            # "yours" confirms it; it must not be queued to run again (chaos
+            # agent-restart: each ran again once the first process ended)
+            return out + self.apply(self.guest.started(tid, now), [tid], now, wall)
         if t is None or t.state is not S.QUEUED:
             t = m.new_task(e.spec, wall, self.node, cause=f"accepted from {e.home}")
             self.records.store(t)

@@ -26,6 +26,14 @@ import time
 
 import trio
 
+from ..testbreak import clock_skew
+
+
+def system_time() -> float:
+    """The system clock (time.time), as this agent reads it everywhere it does (a
+    test-only skew added: testbreak.clock_skew, the chaos suite's clock-skew fault)."""
+    return time.time() + clock_skew()
+
 
 class Clock:
     """trio time plus a wall-clock offset; see the module docstring."""
@@ -44,7 +52,7 @@ class Clock:
         first resync() or wall() in trio.run (the agent's run() resyncs first). Read
         outside trio.run, its wall() is time.time(); now() needs trio."""
         try:
-            return cls(time.time() - trio.current_time())
+            return cls(system_time() - trio.current_time())
         except RuntimeError:  # not in trio.run
             clock = cls(0.0)
             clock.synced = False
@@ -63,7 +71,7 @@ class Clock:
             now = trio.current_time()
         except RuntimeError:
             if self.follow_system:  # outside trio.run (a direct call in a unit test)
-                return time.time()
+                return system_time()
             raise
         if not self.synced:
             self.resync()
@@ -74,7 +82,7 @@ class Clock:
         The first sync of a clock built outside trio.run returns 0."""
         if not self.follow_system:
             return 0.0
-        new = time.time() - trio.current_time()
+        new = system_time() - trio.current_time()
         moved = 0.0 if not self.synced else new - self.offset
         self.offset = new
         self.synced = True

@@ -171,7 +171,10 @@ class Effects:
         elif isinstance(i, ev.SendReplica):
             self._spawn(self._send_replica, i)
         elif isinstance(i, ev.AskLease):
-            self._spawn(self._ask_lease, i)
+            # the runner's first dispatch may come before the driver runs: the next
+            # tick asks again (fencing.fence_tick)
+            if self._nursery is not None:
+                self._spawn(self._ask_lease, i)
         elif isinstance(i, ev.RenewLease):
             self._renew_lease(i)
         elif isinstance(i, ev.Later):

@@ -23,7 +23,6 @@ import os
 import random
 import socket
 import struct
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -37,7 +36,7 @@ from ..cluster.ratelimit import ConnGate, SourceLimiter
 from ..crypto import OVERHEAD as SEAL_OVERHEAD
 from ..crypto import VERSION as SEAL_VERSION
 from ..crypto import CryptoError, Opened, Sealer, SealStream
-from .clock import Clock
+from .clock import Clock, system_time
 
 log = logging.getLogger(__name__)
 
@@ -1008,7 +1007,7 @@ async def open_transport(
     faults: FaultShim | None = None,
     on_packet: PacketHandler | None = None,
     stream_handler: StreamHandler | None = None,
-    wall_clock: Callable[[], float] = time.time,
+    wall_clock: Callable[[], float] = system_time,
     clock: Clock | None = None,
 ) -> AsyncIterator[Transport]:
     """Bind, run the UDP receiver and TCP acceptor, yield the Transport; everything

@@ -262,9 +262,11 @@ async def test_read_journal_decodes_the_scale_events_the_agent_writes(tmp_path: 
 
 def test_the_elastic_scenario_is_appended_to_the_full_suite_with_one_split() -> None:
     sc = find("elastic")
-    # appended after `constrained`; only `home-loss` came after it (seeds by index)
-    assert FULL[-2] is sc and FULL[-3].name == "constrained" and sc not in SMOKE
-    assert FULL[-1].name == "home-loss"
+    # appended after `constrained`; only `home-loss` and issue 19's later scenarios
+    # came after it (seeds by index)
+    at = FULL.index(sc)
+    assert FULL[at - 1].name == "constrained" and sc not in SMOKE
+    assert FULL[at + 1].name == "home-loss"
     assert sc.elastic and not sc.drains and [s.name for s in FULL if s.elastic] == ["elastic"]
     for seed in (1000, 1017, 1018):
         plan = make_plan(sc, seed)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from chaos import invariants as inv
 from chaos.journals import JournalData, SharesEvent, TransitionEvent, read_journal
 from chaos.schedule import Scenario, make_plan
-from chaos.suites import CANARY, FULL, SMOKE
+from chaos.suites import CANARY, FULL, SMOKE, find
 from swarm import model as m
 from swarm.logs import _logfmt_value
 from swarm.runtime.journal import Event, Journal, PutTask
@@ -422,7 +422,10 @@ def test_the_full_suite_has_a_keyed_scenario_and_newer_ones_come_after_it() -> N
     names = [sc.name for sc in FULL]
     assert [sc.name for sc in FULL if sc.encrypted] == ["encrypted"]
     assert names.index("encrypted") == 14
-    assert names[15:] == ["priority-preempt", "constrained", "elastic", "home-loss"]
+    assert names[15:] == [
+        "priority-preempt", "constrained", "elastic", "home-loss",
+        "agent-restart", "clock-skew", "home-loss-restarts",
+    ]  # fmt: skip
     assert not any(sc.encrypted for sc in SMOKE)
 
 
@@ -441,3 +444,89 @@ def test_the_chaos_key_file_is_private(tmp_path: Path) -> None:
     st_ = p.stat()
     assert stat.S_IMODE(st_.st_mode) == 0o600 and st_.st_uid == os.getuid()
     assert Keyring.parse(p.read_text()).primary
+
+
+# ------------------------------------------------------------ issue 19's new checks
+
+
+def test_at_most_once_tasks_never_overlap_in_their_marks() -> None:
+    S = inv.Span
+    acked = [inv.Acked("t1", "n1", at_most_once=True), inv.Acked("t2", "n1")]
+    spans = {
+        "t1": [S("n2", "10", T0, T0 + 3.0), S("n3", "11", T0 + 4.0, T0 + 5.0)],
+        "t2": [S("n2", "12", T0, T0 + 3.0), S("n3", "13", T0 + 1.0, T0 + 5.0)],
+    }
+    out, procs, again = inv.check_at_most_once(acked, spans)
+    assert out == [] and (procs, again) == (2, 1)  # t2 may overlap: at least once
+    spans["t1"].append(S("n4", "14", T0 + 4.5, T0 + 6.0))
+    out, _, _ = inv.check_at_most_once(acked, spans)
+    assert [(v.invariant, v.node) for v in out] == [(inv.AT_MOST_ONCE, "n4")]
+    assert "ran twice at once" in out[0].detail
+
+
+def test_beat_marks_read_as_spans(tmp_path: Path) -> None:
+    from chaos.workload import beat_task_argv, read_spans
+
+    argv = beat_task_argv(tmp_path, 0.5)
+    assert argv[:2] == ["sh", "-c"] and "m beat" in argv[2]
+    (tmp_path / "t1").write_text(
+        f"n2 1 start {T0} 10\nn2 1 beat {T0 + 0.2} 10\nn3 2 start {T0 + 1} 11\n"
+        f"n2 1 beat {T0 + 0.4} 10\nn3 2 end {T0 + 1.5} 11\nbad line\n"
+    )
+    assert read_spans(tmp_path) == {
+        "t1": [inv.Span("n2", "10", T0, T0 + 0.4), inv.Span("n3", "11", T0 + 1, T0 + 1.5)]
+    }
+
+
+def test_an_obeyed_cancel_must_end_cancelled() -> None:
+    b = Book("n1")
+    b.run(_spec("t1"), T0 + 1, T0 + 2)  # succeeded
+    b.submit(_spec("t2"))
+    b.move("t2", m.TaskState.CANCELLED, T0 + 1)
+    acked = [inv.Acked("t1", "n1"), inv.Acked("t2", "n1")]
+    assert inv.check_cancelled({"t2": "cancelled"}, acked, {"n1": b.data()}) == []
+    out = inv.check_cancelled(
+        {"t1": "cancelled", "t2": "refused: finished"}, acked, {"n1": b.data()}
+    )
+    assert [(v.invariant, v.detail) for v in out] == [
+        (inv.CANCEL, "task t1: its cancel answered cancelled, its record ends succeeded")
+    ]
+
+
+def test_restart_scenarios_allow_no_second_run() -> None:
+    E = inv.Execution
+    acked = [inv.Acked("t1", "n1"), inv.Acked("g", "n1", is_global=True)]
+    execs = {"t1": [E("n2", 1, T0, T0 + 1)], "g": [E("n1", 1, T0), E("n2", 1, T0)]}
+    assert inv.check_no_rerun(acked, execs) == []
+    execs["t1"].append(E("n2", 1, T0 + 1.02, T0 + 2))
+    out = inv.check_no_rerun(acked, execs)
+    assert [(v.invariant, v.node) for v in out] == [(inv.RESTART_RERUN, "n2")]
+
+
+def test_a_missing_start_is_excused_by_a_kill_loss_or_full_disk_of_its_node() -> None:
+    E, F = inv.Execution, inv.FaultWindow
+    execs = {"t1": [E("n2", 1, T0 + 1, T0 + 2)]}
+    none = {"n2": Book("n2").data()}
+    [v] = inv.check_recorded(execs, none, [], name=inv.UNRECORDED)
+    assert v.invariant == inv.UNRECORDED
+    for kind, start, end in (
+        ("kill", T0 + 2, T0 + 3),
+        ("lose", T0 + 1.5, T0 + 9),
+        ("disk-full", T0, T0 + 5),
+    ):
+        w = [F(kind, frozenset({"n2"}), start, end)]
+        assert inv.check_recorded(execs, none, w, name=inv.UNRECORDED) == [], kind
+    w = [F("pause", frozenset({"n2"}), T0 + 2, T0 + 3)]
+    assert len(inv.check_recorded(execs, none, w, name=inv.UNRECORDED)) == 1
+
+
+def test_restart_and_skew_faults_and_the_restart_only_rule() -> None:
+    from chaos import faults as fl
+    from chaos.schedule import restarts_only
+
+    assert fl.KINDS["restart"] is fl.Restart and fl.KINDS["skew"] is fl.Skew
+    assert restarts_only(find("agent-restart")) and not restarts_only(find("clock-skew"))
+    assert find("agent-restart").keep_tasks == "always"
+    plan = make_plan(find("home-loss-restarts"), 1021)
+    lane2 = [f for f in plan.faults if f.lane == 2]
+    assert lane2 and all(f.kind == "restart" and f.end - f.start <= 1.0 for f in lane2)

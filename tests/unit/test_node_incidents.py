@@ -221,3 +221,27 @@ def test_83733a0_a_stop_for_a_dispatched_task_is_a_stop_not_a_dequeue() -> None:
     out = a.state.on_kill("s2", 1.0, 1.0)
     assert ev.Dequeue("s2") in out
     assert a.state.records.finished["s2"].state is S.CANCELLED
+
+
+def test_a_reattached_guest_task_confirmed_by_its_home_is_not_queued_again() -> None:
+    """Chaos agent-restart (issue 19): B restarted while running A's task; its
+    supervisor kept the task running and the restarted B re-attached to it, but B's
+    entry waits for A's "yours" (CONFIRM) after a restart, and that answer made B queue
+    a new copy of the task (its record was RUNNING, not QUEUED): the task ran again
+    right after the re-attached process ended."""
+    a, b = FakeNode("A"), FakeNode("B")
+    net = FakeNet(a, b)
+    a.submit(_spec("t1"))
+    _offer(net, a, "t1", "B")
+    net.settle()
+    assert b.try_start("t1", now=1.0) is None
+    b.state.guest.restore(b.state.guest.entries.pop("t1"))  # B restarted, re-attached
+    assert b.state.guest.entries["t1"].phase is h.GuestPhase.CONFIRM
+    b.run(b.state.tick(2.0, 1002.0))  # asks A
+    net.settle(now=2.0, wall=1002.0)
+    assert b.state.guest.may_run("t1")  # A said yours
+    assert "t1" not in b.queue and b.state.records.active["t1"].state is S.RUNNING
+    assert b.state.records.active["t1"].history[-1].cause == "started"
+    b.finish("t1", 0, now=3.0, wall=1003.0)
+    net.settle(now=3.0, wall=1003.0)
+    assert a.state.records.finished["t1"].state is S.SUCCEEDED and "t1" not in b.queue
