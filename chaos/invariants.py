@@ -67,6 +67,8 @@ CANCEL = "cancel-obeyed"
 # runs once; a running one keeps running across its agent's restart
 RESTART_RERUN = "restart-nothing-rerun"
 
+EVERY_RUN = (AT_MOST_ONCE, UNRECORDED, CANCEL)  # issue 19's, in every scenario too
+
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
 TERMINAL = frozenset(s.value for s in m.TERMINAL_STATES)

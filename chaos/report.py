@@ -8,7 +8,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .invariants import ADOPTED, ALL, CONSTRAINT, ENCRYPTED, PRIORITY, SCALE
+from .invariants import (
+    ADOPTED,
+    ALL,
+    CONSTRAINT,
+    ENCRYPTED,
+    EVERY_RUN,
+    PRIORITY,
+    RESTART_RERUN,
+    SCALE,
+)
 from .scenario import ScenarioResult
 
 BEGIN = "<!-- chaos-report:begin -->"
@@ -55,7 +64,9 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
         "",
         f"Invariants checked: {checked}; `{ENCRYPTED}` in keyed scenarios; {prio} in the "
         f"priority scenario; `{CONSTRAINT}` in the labelled one; {scale} in the elastic "
-        f"one; `{ADOPTED}` where a node is lost for good (home-loss).",
+        f"one; `{ADOPTED}` where a node is lost for good (home-loss); "
+        + ", ".join(f"`{x}`" for x in EVERY_RUN)
+        + f" in every scenario; `{RESTART_RERUN}` where restarts are the only fault.",
         "",
     ]
     for r in results:

@@ -361,6 +361,12 @@ class Succession:
             return None
         return Notice(to, task_id, rec.home, rec.epoch, rec.runner, rec.replicas, rec.version)
 
+    def alive(self) -> list[NodeId]:
+        """The members alive in this view (ourselves left out)."""
+        return sorted(
+            n for n, m in self._members.items() if m.state is MemberState.ALIVE and n != self.me
+        )
+
     def gone_for(self, node: NodeId, now: float) -> float | None:
         """How long `node` has been dead or left in this view (None: it is not)."""
         m = self._members.get(node)

@@ -81,6 +81,9 @@ class Failover:
         def rereplicated(
             self, tid: m.TaskId, nodes: tuple[m.NodeId, ...]
         ) -> list[ev.Instruction]: ...
+        def choose_replicas(
+            self, task_id: m.TaskId, live: list[m.NodeId], extra: int = 2
+        ) -> tuple[int, tuple[m.NodeId, ...]]: ...
         def forget_replicas(self, tid: m.TaskId) -> list[ev.Instruction]: ...
         def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]: ...
         def explain(self, tid: m.TaskId, rec: dict[str, Any], wall: float) -> ev.Explain: ...
@@ -221,6 +224,12 @@ class Failover:
             out += [ev.Dequeue(tid), ev.LoadChanged()]
         copy = self.held.pop(tid, None)  # a copy we kept as well: not needed now
         out += self._claim(d, t, ge.epoch, wall, drop_copy=copy is not None)
+        if not d.replicas and not t.state.terminal:
+            # the old home's replicas are unknown here: copies at new ones, so that the
+            # task outlives this node too (replica_update sends each the whole copy)
+            k, order = self.choose_replicas(tid, self.succession.alive())
+            if k > 0:
+                out += self.rereplicated(tid, tuple(order[:k]))
         if t.state is S.QUEUED and tid not in self.queued and tid not in self.running:
             out += self.enqueue_local(t, now)
         out.append(ev.KickRunner())  # a queued copy waiting for its home may start now

@@ -100,8 +100,8 @@ class Fencing:
         if not self.fenced_here(task.spec):
             return None, []
         e = self.guest.entries.get(task.id)
-        if e is None:
-            return "handoff not settled", []
+        if e is None or not self.guest.may_run(task.id):
+            return "handoff not settled", []  # no lease before the home's commit
         fl = self.fence_leases.get(task.id)
         if fl is None or (fl.home, fl.epoch) != (e.home, e.epoch):
             fl = self.fence_leases[task.id] = RunnerLease(e.home, e.epoch)

@@ -178,3 +178,35 @@ def test_members_never_heard_of_are_taken_as_gone_once_among_peers() -> None:
     assert b2.state.records.active["t1"].spec.home == "A"
     _tick(b2, 110.0 + GRACE)
     assert b2.state.records.active["t1"].spec.home == "B"
+
+
+def test_a_runners_adoption_makes_new_copies_that_outlive_the_runner() -> None:
+    """The old home's replicas are unknown to its runner: once it adopts a task it
+    makes copies of its own (the closing note of the last stop named this gap)."""
+    from swarm.node.replicas import HOLD
+
+    a, b, c, d = _nodes("A", "B", "C", "D")
+    net = FakeNet(a, b, c, d)
+    a.submit(m.TaskSpec(id="t1", argv=("sleep", "60")))
+    why, instrs = a.state.offer("t1", "B", 0.0, 0.0)
+    assert why is None
+    a.run(instrs)
+    net.settle()  # queued at B
+    names = ("A", "B", "C", "D")
+    for n in (a, b, c, d):
+        n.state.members_seen(tuple((x, ALIVE) for x in names), 0.0)
+    b.state.members_seen((("A", DEAD),), 1.0)
+    _tick(b, 7.0)
+    assert b.state.records.active["t1"].spec.home == "B"
+    [copy] = [i for i in b.replica_out if i.msg.task_id == "t1"]
+    assert copy.msg.kind == HOLD and copy.msg.spec.home == "B"
+    r = {"C": c, "D": d}[copy.dest]
+    why, instrs = r.state.on_replica("B", copy.msg)
+    assert why is None
+    r.run(instrs)
+    b.run(b.state.replica_acked(copy.dest, copy.msg))
+    # B dies too, with the task queued there: its new replica takes it over
+    r.state.members_seen((("A", DEAD), ("B", DEAD)), 8.0)
+    _tick(r, 8.0 + 2 * GRACE + 0.1)
+    t = r.state.records.active["t1"]
+    assert t.spec.home == copy.dest and "adopted from B" in t.history[-1].cause
