@@ -67,7 +67,12 @@ CANCEL = "cancel-obeyed"
 # runs once; a running one keeps running across its agent's restart
 RESTART_RERUN = "restart-nothing-rerun"
 
-EVERY_RUN = (AT_MOST_ONCE, UNRECORDED, CANCEL)  # issue 19's, in every scenario too
+# a task's second execution (start marks) shows in its record as a retry point (a run
+# that ended without a result: re-queued, migrating, an agent's restart)
+RETRY_RECORDED = "rerun-in-record"
+# `swarm status ID` answers the same final state at every surviving node (a sample)
+VISIBLE = "final-state-visible-everywhere"
+EVERY_RUN = (AT_MOST_ONCE, UNRECORDED, CANCEL, RETRY_RECORDED, VISIBLE)  # issue 19's
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
@@ -1223,4 +1228,60 @@ def check_no_rerun(
                     RESTART_RERUN, runs[1].node, f"task {a.id} ran {len(runs)} times: {shown}"
                 )
             )
+    return out
+
+
+_RUNS = frozenset({m.TaskState.RUNNING, m.TaskState.MIGRATING})
+_BACK = frozenset({m.TaskState.QUEUED, m.TaskState.MIGRATING, m.TaskState.TRANSFERRING})
+
+
+def retry_points(t: m.Task) -> int:
+    """The places in a record where a run may have happened without its result: a run
+    that went back (re-queued, migrating, stopped by its agent) or a re-queue after its
+    holder died (whose run the home may never have heard of)."""
+    return sum(
+        1
+        for h in t.history
+        if (h.src in _RUNS and h.dst in _BACK)
+        or (h.dst is m.TaskState.QUEUED and "re-queued" in h.cause)
+    )
+
+
+def check_reruns_recorded(
+    acked: Iterable[Acked],
+    executions: Mapping[str, Sequence[Execution]],
+    journals: Mapping[str, JournalData],
+) -> list[Violation]:
+    """A task that ran k times (its start marks) has at least k - 1 retry points in
+    its record (at its home or at the node that took its home role over)."""
+    out = []
+    for a in acked:
+        runs = executions.get(a.id, ())
+        if a.is_global or len(runs) < 2:
+            continue
+        records = [
+            t
+            for n in {a.home, authority(a, journals)}
+            if (j := journals.get(n)) is not None
+            if (t := j.tasks.get(a.id)) is not None
+        ]
+        points = max((retry_points(t) for t in records), default=0)
+        if len(runs) - 1 > points:
+            shown = ", ".join(_shown(r) for r in runs)
+            detail = (
+                f"task {a.id} ran {len(runs)} times ({shown}); its record shows {points} retries"
+            )
+            out.append(Violation(RETRY_RECORDED, runs[-1].node, detail))
+    return out
+
+
+def check_visible(answers: Mapping[str, Mapping[str, str]]) -> list[Violation]:
+    """Task id -> node -> the state its `swarm status` answered: one final state
+    everywhere."""
+    out = []
+    for tid, by_node in answers.items():
+        states = set(by_node.values())
+        if len(states) != 1 or not states <= TERMINAL:
+            shown = ", ".join(f"{n} {s}" for n, s in sorted(by_node.items()))
+            out.append(Violation(VISIBLE, "", f"task {tid}: status answers {shown}"))
     return out

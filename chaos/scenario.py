@@ -407,6 +407,7 @@ class Runner:
         )
         # every agent runs again after the heal, but those lost for good
         expected = [a.name for a in cl.kept()]
+        answers = self._status_everywhere(cl)
         lost = frozenset(a.name for a in cl.agents if a.lost)
         stop_codes: dict[str, int | None] = {}
         cl.stop_all(timeout=20)
@@ -462,6 +463,7 @@ class Runner:
         if self.sc.priorities:
             violations += self._priority_checks(cl, journals, specs)
         violations += self._issue19_checks(cl, journals, acked)
+        violations += inv.check_visible(answers)
         if self.sc.labels:
             labels = {f"n{i}": kv for i, kv in node_labels(self.sc).items()}
             co = inv.check_constraints(journals, labels, marks, acked)
@@ -509,6 +511,22 @@ class Runner:
         if len(violations) > 200:
             res.notes.append(f"{len(violations) - 200} more violations not listed")
 
+    def _status_everywhere(self, cl: ChaosCluster, sample: int = 30) -> dict[str, dict[str, str]]:
+        """`swarm status` of a sample of the acknowledged tasks (every k-th) at every
+        surviving node, before the agents stop: task id -> node -> state (or error)."""
+        tasks = [a.id for a in self.wl.acked if not a.is_global]
+        picked = tasks[:: max(1, len(tasks) // sample)]
+        out: dict[str, dict[str, str]] = {}
+        for tid in picked:
+            for ag in cl.kept():
+                try:
+                    with ag.client(timeout=20) as c:
+                        state = str(c.call("status", id=tid)["task"]["state"])
+                except (ClientError, OSError, KeyError, TypeError) as e:
+                    state = f"error: {type(e).__name__}: {e}"[:120]
+                out.setdefault(tid, {})[ag.name] = state
+        return out
+
     def _issue19_checks(
         self, cl: ChaosCluster, journals: Mapping[str, JournalData], acked: list[inv.Acked]
     ) -> list[inv.Violation]:
@@ -526,6 +544,7 @@ class Runner:
         out += inv.check_cancelled(cancels, acked, journals)
         if restarts_only(self.sc):
             out += inv.check_no_rerun(acked, execs)
+        out += inv.check_reruns_recorded(acked, execs, journals)
         fenced = sum(
             1
             for j in journals.values()

@@ -81,6 +81,7 @@ class Fencing:
     running: Any
     queued: Any
     records: Any
+    counters: dict[str, int]
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -118,6 +119,7 @@ class Fencing:
         if fl.asked_at is not None and now - fl.asked_at < ASK_AGAIN:
             return []
         fl.asked_at = now
+        self.counters["leases_asked"] = self.counters.get("leases_asked", 0) + 1
         return [ev.AskLease(fl.home, tid, fl.epoch, now)]
 
     def on_lease_answer(
@@ -172,7 +174,9 @@ class Fencing:
         if e is None:
             return False, "no such task here"
         if e.phase is not h.HomePhase.REMOTE or e.where != sender or e.epoch != epoch:
+            self.counters["leases_refused"] = self.counters.get("leases_refused", 0) + 1
             return False, f"not yours: epoch {e.epoch} at {e.where or '?'} ({e.phase.value})"
+        self.counters["leases_granted"] = self.counters.get("leases_granted", 0) + 1
         self.fence_granted[tid] = now
         return True, ""
 

@@ -530,3 +530,30 @@ def test_restart_and_skew_faults_and_the_restart_only_rule() -> None:
     plan = make_plan(find("home-loss-restarts"), 1021)
     lane2 = [f for f in plan.faults if f.lane == 2]
     assert lane2 and all(f.kind == "restart" and f.end - f.start <= 1.0 for f in lane2)
+
+
+def test_a_second_run_needs_a_retry_point_in_the_record() -> None:
+    E = inv.Execution
+    b = Book("n1")
+    b.submit(_spec("t1"))
+    b.move("t1", m.TaskState.RUNNING, T0 + 1, node="n2")
+    b.move("t1", m.TaskState.SUCCEEDED, T0 + 2, node="n2")
+    acked = [inv.Acked("t1", "n1")]
+    runs = {"t1": [E("n2", 1, T0 + 1, T0 + 2), E("n3", 1, T0 + 3, T0 + 4)]}
+    [v] = inv.check_reruns_recorded(acked, runs, {"n1": b.data()})
+    assert v.invariant == inv.RETRY_RECORDED and "record shows 0 retries" in v.detail
+    b2 = Book("n1")
+    b2.submit(_spec("t1"))
+    b2.move("t1", m.TaskState.RUNNING, T0 + 1, node="n2")
+    b2.tasks["t1"] = m.transition(b2.tasks["t1"], m.TaskState.QUEUED, T0 + 2, "n2 died: re-queued")
+    b2.move("t1", m.TaskState.RUNNING, T0 + 3, node="n3")
+    b2.move("t1", m.TaskState.SUCCEEDED, T0 + 4, node="n3")
+    assert inv.retry_points(b2.tasks["t1"]) == 1
+    assert inv.check_reruns_recorded(acked, runs, {"n1": b2.data()}) == []
+
+
+def test_one_final_state_visible_from_every_node() -> None:
+    ok = {"t1": {"n1": "succeeded", "n2": "succeeded"}}
+    assert inv.check_visible(ok) == []
+    bad = {"t1": {"n1": "succeeded", "n2": "running"}, "t2": {"n1": "error: x"}}
+    assert [v.invariant for v in inv.check_visible(bad)] == [inv.VISIBLE, inv.VISIBLE]
