@@ -113,9 +113,10 @@ FULL: tuple[Scenario, ...] = (
           description="agents restarted (SIGTERM, a new run at once, --keep-tasks always; "
           "profile lan) while their tasks run: nothing run twice, nothing lost"),
     _full("clock-skew", faults=("skew",), faults2=("kill", "pause"), hold=(10.0, 14.0),
-          gap=(3.0, 5.0),
+          gap=(3.0, 5.0), encrypted=True,
           description="one node's clock 5 s ahead or behind (its agent restarted so), "
-          "with kills and freezes on a second lane"),
+          "with kills and freezes on a second lane; a cluster key, so that the sealed "
+          "packets' age limit is in play"),
     _full("home-loss-restarts", faults=("lose",), hold=(25.0, 25.0), gap=(40.0, 40.0),
           warmup=12.0, task_seconds=(1.0, 4.0), bursts=6, faults2=("restart",),
           lane2=((0.5, 1.0), (3.0, 5.0)), profile="lan",

@@ -420,7 +420,7 @@ def test_the_keyed_check_names_plaintext_and_failed_authentication() -> None:
 def test_the_full_suite_has_a_keyed_scenario_and_newer_ones_come_after_it() -> None:
     # appended: the scenarios before each keep their seeds (suite seed + index)
     names = [sc.name for sc in FULL]
-    assert [sc.name for sc in FULL if sc.encrypted] == ["encrypted"]
+    assert [sc.name for sc in FULL if sc.encrypted] == ["encrypted", "clock-skew"]
     assert names.index("encrypted") == 14
     assert names[15:] == [
         "priority-preempt", "constrained", "elastic", "home-loss",
