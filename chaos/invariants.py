@@ -106,6 +106,7 @@ class AckOutcome:
     violations: tuple[Violation, ...]
     states: Mapping[str, int]  # final state at the home -> count ("missing", "unfinished")
     lost: tuple[str, ...]  # acknowledged, never terminal or missing from the home's journal
+    with_home: tuple[str, ...] = ()  # lost with their home, no copy anywhere (LOST_WITH_HOME)
 
 
 # ------------------------------------------------------------------- results
@@ -194,6 +195,7 @@ def check_acked(
     violations: list[Violation] = []
     states: Counter[str] = Counter()
     lost: list[str] = []
+    with_home: list[str] = []
     for a in acked:
         if not a.is_global:
             taken = adopters(journals, a.id, a.home)
@@ -207,6 +209,7 @@ def check_acked(
                     v = _left_with_home(a, journals)
                     if v is None:
                         states[LOST_WITH_HOME] += 1
+                        with_home.append(a.id)
                         continue
                     violations.append(v)
         homes = (
@@ -229,7 +232,7 @@ def check_acked(
         states[final] += 1
         if bad:
             lost.append(a.id)
-    return AckOutcome(tuple(violations), dict(states), tuple(lost))
+    return AckOutcome(tuple(violations), dict(states), tuple(lost), tuple(with_home))
 
 
 def check_executed(
@@ -1244,6 +1247,7 @@ def retry_points(t: m.Task) -> int:
         for h in t.history
         if (h.src in _RUNS and h.dst in _BACK)
         or (h.dst is m.TaskState.QUEUED and "re-queued" in h.cause)
+        or h.cause.startswith("adopted from")  # its old home may have had it run
     )
 
 
@@ -1253,19 +1257,15 @@ def check_reruns_recorded(
     journals: Mapping[str, JournalData],
 ) -> list[Violation]:
     """A task that ran k times (its start marks) has at least k - 1 retry points in
-    its record (at its home or at the node that took its home role over)."""
+    its records (its home's, an adopter's, and those of the nodes that ran it: a
+    preemption there is in the runner's record only)."""
     out = []
     for a in acked:
         runs = executions.get(a.id, ())
         if a.is_global or len(runs) < 2:
             continue
-        records = [
-            t
-            for n in {a.home, authority(a, journals)}
-            if (j := journals.get(n)) is not None
-            if (t := j.tasks.get(a.id)) is not None
-        ]
-        points = max((retry_points(t) for t in records), default=0)
+        records = [t for j in journals.values() if (t := j.tasks.get(a.id)) is not None]
+        points = sum(retry_points(t) for t in records)
         if len(runs) - 1 > points:
             shown = ", ".join(_shown(r) for r in runs)
             detail = (
@@ -1275,11 +1275,16 @@ def check_reruns_recorded(
     return out
 
 
-def check_visible(answers: Mapping[str, Mapping[str, str]]) -> list[Violation]:
+def check_visible(
+    answers: Mapping[str, Mapping[str, str]], lost_with_home: Iterable[str] = ()
+) -> list[Violation]:
     """Task id -> node -> the state its `swarm status` answered: one final state
-    everywhere."""
+    everywhere (but for a task lost with its home, which no survivor knows)."""
     out = []
+    skip = set(lost_with_home)
     for tid, by_node in answers.items():
+        if tid in skip:
+            continue
         states = set(by_node.values())
         if len(states) != 1 or not states <= TERMINAL:
             shown = ", ".join(f"{n} {s}" for n, s in sorted(by_node.items()))

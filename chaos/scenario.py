@@ -463,7 +463,7 @@ class Runner:
         if self.sc.priorities:
             violations += self._priority_checks(cl, journals, specs)
         violations += self._issue19_checks(cl, journals, acked)
-        violations += inv.check_visible(answers)
+        violations += inv.check_visible(answers, outcome.with_home)
         if self.sc.labels:
             labels = {f"n{i}": kv for i, kv in node_labels(self.sc).items()}
             co = inv.check_constraints(journals, labels, marks, acked)
@@ -519,11 +519,14 @@ class Runner:
         out: dict[str, dict[str, str]] = {}
         for tid in picked:
             for ag in cl.kept():
-                try:
-                    with ag.client(timeout=20) as c:
-                        state = str(c.call("status", id=tid)["task"]["state"])
-                except (ClientError, OSError, KeyError, TypeError) as e:
-                    state = f"error: {type(e).__name__}: {e}"[:120]
+                for attempt in range(3):  # as a user would, after a lost reply
+                    try:
+                        with ag.client(timeout=10) as c:
+                            state = str(c.call("status", id=tid)["task"]["state"])
+                        break
+                    except (ClientError, OSError, KeyError, TypeError) as e:
+                        state = f"error: {type(e).__name__}: {e}"[:160]
+                        time.sleep(0.5 * (attempt + 1))
                 out.setdefault(tid, {})[ag.name] = state
         return out
 

@@ -69,6 +69,7 @@ class Failover:
     heard: set[m.NodeId]  # members this node's view has named, in any state
     peer_since: float | None  # when the view first named another member alive
     counters: dict[str, int]
+    prune_at: float  # replicas.py: the next look for finished copies to drop
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -86,6 +87,7 @@ class Failover:
         ) -> tuple[int, tuple[m.NodeId, ...]]: ...
         def forget_replicas(self, tid: m.TaskId) -> list[ev.Instruction]: ...
         def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]: ...
+        def prune_finished_copies(self, wall: float) -> list[ev.Instruction]: ...
         def explain(self, tid: m.TaskId, rec: dict[str, Any], wall: float) -> ev.Explain: ...
 
     # ------------------------------------------------------------- inputs
@@ -112,6 +114,9 @@ class Failover:
             elif isinstance(d, Notice):
                 owed.setdefault(d.to, []).append(d)
         out += self.replica_updates()
+        if now >= self.prune_at:
+            self.prune_at = now + 60.0
+            out += self.prune_finished_copies(wall)
         for dest, notices in sorted(owed.items()):
             for i in range(0, len(notices), NOTICES_PER_MESSAGE):
                 out.append(ev.SendNotices(dest, tuple(notices[i : i + NOTICES_PER_MESSAGE])))
@@ -175,7 +180,8 @@ class Failover:
         Want = tuple[m.NodeId, int, m.NodeId | None, tuple[m.NodeId, ...]]
         want: dict[m.TaskId, Want] = {}
         for tid, c in self.held.items():
-            want[tid] = (c.home, 1, c.runner, c.replicas)
+            if c.final is None:  # a finished copy is an answer, never adopted
+                want[tid] = (c.home, 1, c.runner, c.replicas)
         for tid, ge in self.handoffs.guest.entries.items():
             want[tid] = (ge.home, 1, me, ())
         for tid, copies in self.mine.items():  # ours, with copies elsewhere

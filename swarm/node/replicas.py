@@ -7,7 +7,9 @@ journaled a copy of it (`replica:<id>`): its spec, its home, where it runs.
 * **Home side.** The home remembers whom it gave copies (`repls:<id>`) and keeps them
   current from its own records, one message per change, retried each failover tick
   until acknowledged: the runner once the task is committed elsewhere (or none, back
-  at home), `release` once it ended (then the copies and `repls:<id>` go). A replica
+  at home), `release` once it ended, with how (`Final`), then `repls:<id>` goes; the
+  replica keeps that answer (for `swarm status` when the home is lost after the end)
+  for FINISHED_COPY_KEEP, never adopting it. A replica
   gone for a grace is replaced (succession's `Rereplicate`): the new one gets the
   whole copy.
 * **Replica side.** A copy is accepted from the task's home only (its spec names the
@@ -45,6 +47,45 @@ HOLD = "hold"
 RUNNER = "runner"
 
 
+FINAL_STATES = frozenset(s.value for s in m.TERMINAL_STATES)
+FINISHED_COPY_KEEP = 7 * 86400.0  # seconds a finished copy is kept (keep-finished's default)
+
+
+@attrs.frozen
+class Final:
+    """How a task ended, as its home recorded it: sent with the release, so that a
+    replica still answers for a task whose home is lost after it finished there."""
+
+    state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    at: float = 0.0  # wall time of the end
+
+    @classmethod
+    def of(cls, t: m.Task) -> Final:
+        return cls(t.state.value, t.exit_code, t.signal, t.reason[:512], t.finished_at or 0.0)
+
+    def to_wire(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Final:
+        f = wire.Fields(obj, "replica final")
+        state = f.str("state", required=True, max_len=16)
+        if state not in FINAL_STATES:
+            raise wire.SchemaError(f"replica final: field 'state' is not a final state: {state!r}")
+        out = cls(
+            state,
+            f.int("exit_code", None, lo=0, hi=255),
+            f.int("signal", None, lo=1, hi=127),
+            f.str("reason", "", max_len=512),
+            f.float("at", 0.0, lo=0.0),
+        )
+        f.done()
+        return out
+
+
 @attrs.frozen
 class ReplicaMsg:
     """Home -> replica: hold a copy (with the spec), where it runs now, or release."""
@@ -55,16 +96,19 @@ class ReplicaMsg:
     runner: m.NodeId | None = None
     replicas: tuple[m.NodeId, ...] = ()
     spec: m.TaskSpec | None = None
+    final: Final | None = None  # a release because the task ended: how
 
 
 @attrs.define
 class Held:
-    """A copy this node keeps of another home's task."""
+    """A copy this node keeps of another home's task (`final`: it ended; the copy is
+    only an answer for `swarm status` now, never adopted)."""
 
     spec: m.TaskSpec
     home: m.NodeId
     runner: m.NodeId | None
     replicas: tuple[m.NodeId, ...]
+    final: Final | None = None
 
 
 def replica_msg_to_wire(r: ReplicaMsg) -> dict[str, Any]:
@@ -75,6 +119,7 @@ def replica_msg_to_wire(r: ReplicaMsg) -> dict[str, Any]:
         "runner": r.runner,
         "replicas": list(r.replicas),
         "spec": None if r.spec is None else codec.task_spec_to_wire(r.spec),
+        **({"final": r.final.to_wire()} if r.final is not None else {}),
     }
 
 
@@ -89,12 +134,15 @@ def replica_msg_from_wire(obj: Any) -> ReplicaMsg:
     runner = f.str("runner", None, max_len=MAX_ID_LEN)
     replicas = f.str_list("replicas", max_items=MAX_COPIES)
     spec = f.nested("spec", codec.task_spec_from_wire)
+    final = f.nested("final", Final.from_wire)
     f.done()
     if not home or any(not r or len(r) > MAX_ID_LEN for r in replicas):
         raise wire.SchemaError("replica: field 'home' or 'replicas': an empty or long node id")
     if kind == HOLD and (spec is None or spec.id != tid or spec.home != home):
         raise wire.SchemaError("replica: field 'spec' must be the task's, naming its home")
-    return ReplicaMsg(kind, tid, home, runner or None, tuple(replicas), spec)
+    if final is not None and kind != RELEASE:
+        raise wire.SchemaError("replica: field 'final' comes with a release only")
+    return ReplicaMsg(kind, tid, home, runner or None, tuple(replicas), spec, final)
 
 
 class Replicas:
@@ -168,7 +216,12 @@ class Replicas:
                     msg = self.hold_msg(t.spec, nodes)  # a new replica: the whole copy
                     msg = attrs.evolve(msg, runner=want[1])
                 else:
-                    msg = ReplicaMsg(want[0], tid, self.node, want[1], nodes)
+                    final = (
+                        Final.of(t)
+                        if want[0] == RELEASE and t is not None and t.state.terminal
+                        else None
+                    )
+                    msg = ReplicaMsg(want[0], tid, self.node, want[1], nodes, final=final)
                 out.append(ev.SendReplica(n, msg))
         return out
 
@@ -216,6 +269,10 @@ class Replicas:
             return None, [self._persist_held(tid)]
         if cur is None or cur.home != sender:
             return None, []  # released already, or not this home's any more: nothing to do
+        if msg.kind == RELEASE and msg.final is not None:
+            # it ended: keep how, so that we still answer for it if its home is lost
+            cur.final = msg.final
+            return None, [self._persist_held(tid)]
         if msg.kind == RELEASE:
             return None, self.drop_held(tid)
         cur.runner = msg.runner
@@ -234,8 +291,22 @@ class Replicas:
             "home": c.home,
             "runner": c.runner,
             "replicas": list(c.replicas),
+            **({"final": c.final.to_wire()} if c.final is not None else {}),
         }
         return ev.Persist((ev.Put(REPLICA + tid, value),), durable=True)
+
+    def prune_finished_copies(self, wall: float) -> list[ev.Instruction]:
+        """Finished copies older than FINISHED_COPY_KEEP go (as retention drops old
+        records)."""
+        old = [
+            tid
+            for tid, c in self.held.items()
+            if c.final is not None and c.final.at < wall - FINISHED_COPY_KEEP
+        ]
+        out: list[ev.Instruction] = []
+        for tid in old:
+            out += self.drop_held(tid)
+        return out
 
 
 def restore_replicas(
@@ -257,6 +328,7 @@ def restore_replicas(
                     f.str("home", required=True),
                     f.str("runner", None),
                     tuple(f.str_list("replicas")),
+                    f.nested("final", Final.from_wire),
                 )
                 f.done()
         except (wire.WireError, TypeError, ValueError):

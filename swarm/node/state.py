@@ -98,6 +98,7 @@ class NodeState(Location, Failover, Fencing, Replicas, LoadState, Placing, Timer
         self.succession = Succession(node, settings.home_grace)
         self.adopted: dict[m.TaskId, tuple[m.NodeId, int]] = {}  # failover.py
         self.failover_at = 0.0
+        self.prune_at = 0.0  # finished replica copies: next look (replicas.py)
         self.replicas_wanted = settings.replicas
         self.mine: dict[m.TaskId, tuple[m.NodeId, ...]] = {}  # replicas.py
         self.sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]] = {}

@@ -103,7 +103,20 @@ class FailoverIO:
         if c is None:
             return None
         t = m.new_task(c.spec, c.spec.submitted_at or 0.0, c.home, cause="submitted")
-        return attrs.evolve(t, node=c.runner or c.home)
+        t = attrs.evolve(t, node=c.runner or c.home)
+        if c.final is None:
+            return t
+        f = c.final
+        end = m.Transition(f.at, t.state, m.TaskState(f.state), f.reason or f.state, t.node)
+        return attrs.evolve(
+            t,
+            state=m.TaskState(f.state),
+            exit_code=f.exit_code,
+            signal=f.signal,
+            reason=f.reason,
+            finished_at=f.at,
+            history=(*t.history, end),
+        )
 
     async def replicate(self, spec: m.TaskSpec) -> int:
         """Copies of a just-journaled submission at other nodes (node/replicas.py),

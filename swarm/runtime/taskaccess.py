@@ -83,7 +83,12 @@ class TaskAccess:
                 if mb.node not in (self.node, local.spec.home)
             ]
             found = await self._ask_records(others, tid)
-            if found is not None and found.spec.home not in ("", local.spec.home):
+            if found is not None and (
+                found.spec.home not in ("", local.spec.home)
+                or (found.state.terminal and not local.state.terminal)
+            ):
+                # taken over, or finished where it ran while our copy says otherwise
+                # (chaos home-loss: a replica that missed the release answered `queued`)
                 return found
         if local is not None:
             self._note(
@@ -95,8 +100,9 @@ class TaskAccess:
         raise RequestError("not_found", f"no task {tid}")
 
     async def _ask_records(self, nodes: list[m.NodeId], tid: m.TaskId) -> m.Task | None:
-        results: list[m.Task] = []
-        authoritative: list[bool] = []
+        """The record from the node that is its home, else a finished one from a node
+        that held it, else any copy (with a note)."""
+        results: list[tuple[bool, bool, m.Task]] = []  # (its home's, finished, record)
 
         async def ask(node: m.NodeId) -> None:
             try:
@@ -108,18 +114,15 @@ class TaskAccess:
                     t = codec.task_from_wire(r["task"])
                 except wire.WireError:
                     return
-                if t.spec.home == node or not results:
-                    at = 0 if t.spec.home == node else len(results)
-                    results.insert(at, t)
-                    authoritative.insert(at, t.spec.home == node)
+                results.append((t.spec.home == node, t.state.terminal, t))
 
         async with trio.open_nursery() as n:
             for node in nodes[:256]:
                 n.start_soon(ask, node)
         if not results:
             return None
-        best = results[0]
-        if authoritative[0]:
+        authoritative, _, best = max(results, key=lambda r: (r[0], r[1]))
+        if authoritative:
             return best
         # only a copy answered (a replica's, or a former holder's): say whose is silent
         self._note(tid, f"its home {best.spec.home} did not answer: this is a copy kept elsewhere")

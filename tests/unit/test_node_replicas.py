@@ -9,6 +9,7 @@ import pytest
 
 from swarm import model as m
 from swarm import wire
+from swarm.node import events as ev
 from swarm.node.recovery import ADOPT, REPLICA, REPLICAS
 from swarm.node.replicas import (
     HOLD,
@@ -102,7 +103,9 @@ def test_the_home_keeps_its_replica_current_then_releases_it() -> None:
     # between would leave a replica that runs the finished task again)
     assert [(i.dest, i.msg.kind) for i in h.replica_out] == [(r, RELEASE)]
     _deliver(h, nodes)
-    assert "t1" not in nodes[r].state.held and REPLICA + "t1" not in nodes[r].kv
+    # the replica keeps how it ended (an answer if the home is lost), nothing to adopt
+    assert nodes[r].state.held["t1"].final is not None
+    assert nodes[r].kv[REPLICA + "t1"]["final"]["state"] == "succeeded"
     assert "t1" not in h.state.mine and REPLICAS + "t1" not in h.kv
 
 
@@ -203,3 +206,52 @@ def test_the_adopters_own_runner_follows_its_notice_and_keeps_the_task() -> None
     other.run(instrs)
     assert answers == [] and other.state.guest.may_run("t1")
     assert "failover.yielded" not in other.logs
+
+
+def test_a_released_copy_keeps_how_the_task_ended_and_is_never_adopted() -> None:
+    """Chaos home-loss: a task that finished at its home, which was then lost, was
+    known to no survivor (the release dropped the copies). The release now says how
+    it ended; the replica keeps that, answers with it, and never adopts it."""
+    from swarm.node.replicas import Final
+
+    h, b, c, _, _, r = _submitted()
+    nodes = {"B": b, "C": c}
+    h.run_here("t1")
+    assert h.try_start("t1", now=1.0) is None
+    h.finish("t1", 0, now=2.0, wall=1002.0)
+    out = h.state.replica_update("t1")
+    [msg] = [i.msg for i in out if isinstance(i, ev.SendReplica) and i.dest == r]
+    assert msg.kind == "release" and msg.final is not None and msg.final.state == "succeeded"
+    assert replica_msg_from_wire(replica_msg_to_wire(msg)) == msg
+    rep = nodes[r]
+    why, instrs = rep.state.on_replica("H", msg)
+    assert why is None
+    rep.run(instrs)
+    held = rep.state.held["t1"]
+    assert held.final == Final("succeeded", 0, None, "exit 0", 1002.0)
+    assert rep.kv[REPLICA + "t1"]["final"]["state"] == "succeeded"
+    _, restored = restore_replicas(dict(rep.kv))
+    assert restored["t1"].final == held.final
+    # H is lost: the finished copy is not adopted, however long H stays dead
+    rep.state.members_seen((("H", DEAD),), 3.0)
+    _tick(rep, 3.0 + 3 * GRACE)
+    assert "t1" not in rep.state.records.active and "t1" in rep.state.held
+    # kept for a week (keep-finished's default), then dropped
+    rep.run(rep.state.prune_finished_copies(1002.0 + 6 * 86400))
+    assert "t1" in rep.state.held
+    rep.run(rep.state.prune_finished_copies(1002.0 + 8 * 86400))
+    assert "t1" not in rep.state.held and REPLICA + "t1" not in rep.kv
+
+
+def test_a_final_comes_with_a_release_only() -> None:
+    bad = {
+        "kind": "runner",
+        "id": "t1",
+        "home": "H",
+        "replicas": [],
+        "final": {"state": "succeeded"},
+    }
+    with pytest.raises(wire.SchemaError, match="final"):
+        replica_msg_from_wire(bad)
+    with pytest.raises(wire.SchemaError, match="not a final state"):
+        replica_msg_from_wire({**bad, "kind": "release", "final": {"state": "running"}})
