@@ -463,7 +463,16 @@ class Runner:
         if self.sc.priorities:
             violations += self._priority_checks(cl, journals, specs)
         violations += self._issue19_checks(cl, journals, acked)
-        violations += inv.check_visible(answers, outcome.with_home)
+        # a task a lost home accepted with fewer copies than wanted (no replica
+        # answered in time: `replica.short` in its log) may be known to no survivor
+        short = {
+            f.get("task", "")
+            for a in cl.agents
+            if a.lost
+            for line in a.log_text().splitlines()
+            if "event=replica.short" in line and (f := inv.logfmt(line))
+        }
+        violations += inv.check_visible(answers, [*outcome.with_home, *short])
         if self.sc.labels:
             labels = {f"n{i}": kv for i, kv in node_labels(self.sc).items()}
             co = inv.check_constraints(journals, labels, marks, acked)
