@@ -1234,20 +1234,18 @@ def check_no_rerun(
     return out
 
 
-_RUNS = frozenset({m.TaskState.RUNNING, m.TaskState.MIGRATING})
-_BACK = frozenset({m.TaskState.QUEUED, m.TaskState.MIGRATING, m.TaskState.TRANSFERRING})
+_RUNS = frozenset({"running", "migrating"})
+_BACK = frozenset({"queued", "migrating", "transferring"})
 
 
-def retry_points(t: m.Task) -> int:
-    """The places in a record where a run may have happened without its result: a run
-    that went back (re-queued, migrating, stopped by its agent) or a re-queue after its
-    holder died (whose run the home may never have heard of)."""
-    return sum(
-        1
-        for h in t.history
-        if (h.src in _RUNS and h.dst in _BACK)
-        or (h.dst is m.TaskState.QUEUED and "re-queued" in h.cause)
-        or h.cause.startswith("adopted from")  # its old home may have had it run
+def retry_point(e: TransitionEvent) -> bool:
+    """A place in a journal where a run may have happened without its result: a run
+    that went back (re-queued, migrating, preempted, stopped by its agent), a re-queue
+    after its holder died (whose run the home may never have heard of), an adoption."""
+    return (
+        (e.src in _RUNS and e.dst in _BACK)
+        or (e.dst == "queued" and "re-queued" in e.cause)
+        or e.cause.startswith("adopted from")
     )
 
 
@@ -1257,15 +1255,15 @@ def check_reruns_recorded(
     journals: Mapping[str, JournalData],
 ) -> list[Violation]:
     """A task that ran k times (its start marks) has at least k - 1 retry points in
-    its records (its home's, an adopter's, and those of the nodes that ran it: a
-    preemption there is in the runner's record only)."""
+    the journals' history of it (the home's, an adopter's, and the runners': a
+    preemption is in the runner's journal only, whose record of the task a later
+    handoff to the same node replaces, while its events stay)."""
     out = []
     for a in acked:
         runs = executions.get(a.id, ())
         if a.is_global or len(runs) < 2:
             continue
-        records = [t for j in journals.values() if (t := j.tasks.get(a.id)) is not None]
-        points = sum(retry_points(t) for t in records)
+        points = sum(1 for j in journals.values() for e in j.events_of(a.id) if retry_point(e))
         if len(runs) - 1 > points:
             shown = ", ".join(_shown(r) for r in runs)
             detail = (
