@@ -169,15 +169,19 @@ class Replicas:
         return k, replica_of(task_id, self.node, members, k + extra) if k > 0 else ()
 
     def replicas_chosen(
-        self, task_id: m.TaskId, nodes: tuple[m.NodeId, ...]
+        self, task_id: m.TaskId, nodes: tuple[m.NodeId, ...], told: tuple[m.NodeId, ...] = ()
     ) -> list[ev.Instruction]:
         """These nodes journaled a copy of our task (the submission's answer waits for
-        this write)."""
+        this write). `told`: the replicas their copy names; when a stand-in holds one
+        in place of a node that did not answer, each is told the real ones at the next
+        tick (chaos home-loss: a copy naming a replica that held none waited for it to
+        adopt, and nobody adopted the task)."""
         if not nodes:
             return []
         self.mine[task_id] = nodes
+        same = set(told or nodes) == set(nodes)
         for n in nodes:
-            self.sent[(task_id, n)] = (RUNNER, None)
+            self.sent[(task_id, n)] = (RUNNER, None) if same else ("stale", None)
         return [ev.Persist((ev.Put(REPLICAS + task_id, list(nodes)),), durable=True)]
 
     def hold_msg(self, spec: m.TaskSpec, replicas: tuple[m.NodeId, ...]) -> ReplicaMsg:

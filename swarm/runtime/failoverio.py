@@ -141,7 +141,7 @@ class FailoverIO:
             if len(chosen) >= k:
                 break
             await one(node)
-        await self.execute(self.state.replicas_chosen(spec.id, tuple(chosen)))
+        await self.execute(self.state.replicas_chosen(spec.id, tuple(chosen), msg.replicas))
         if len(chosen) < k:
             self.log.warning("replica.short", task=spec.id, wanted=k, held=len(chosen))
             asked = ", ".join(candidates)

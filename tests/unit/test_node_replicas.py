@@ -255,3 +255,27 @@ def test_a_final_comes_with_a_release_only() -> None:
         replica_msg_from_wire(bad)
     with pytest.raises(wire.SchemaError, match="not a final state"):
         replica_msg_from_wire({**bad, "kind": "release", "final": {"state": "running"}})
+
+
+def test_copies_held_by_a_stand_in_learn_the_real_replicas() -> None:
+    """Chaos home-loss: the first replica in order (C) did not answer, B stood in; B's
+    copy named C, so B waited for C to adopt, and nobody did once the home was lost."""
+    h, b, c = _nodes("H", "B", "C")
+    for n in (h, b, c):
+        n.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    spec = h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
+    why, instrs = b.state.on_replica("H", h.state.hold_msg(spec, ("C",)))  # told: C
+    assert why is None
+    b.run(instrs)
+    h.run(h.state.replicas_chosen("t1", ("B",), told=("C",)))
+    [msg] = [i.msg for i in h.state.replica_updates() if i.dest == "B"]
+    assert msg.kind == RUNNER and msg.replicas == ("B",)
+    why, instrs = b.state.on_replica("H", msg)
+    b.run(instrs)
+    h.run(h.state.replica_acked("B", msg))
+    assert b.state.held["t1"].replicas == ("B",) and not h.state.replica_updates()
+    h.run_here("t1")
+    assert h.try_start("t1", now=1.0) is None  # running at its home, which is lost
+    b.state.members_seen((("H", DEAD),), 2.0)
+    _tick(b, 2.0 + 2 * GRACE + 0.1)
+    assert b.state.records.active["t1"].spec.home == "B"
