@@ -43,9 +43,7 @@ class FencingIO:
 
     async def rpc_lease(self, req: dict[str, Any], sender: m.NodeId, stream: Any) -> dict[str, Any]:
         """A runner asks for the lease of a task whose home is here."""
-        f = wire.Fields(req, "lease")
-        tid = f.task_id("task", required=True)
-        epoch = f.int("epoch", required=True, lo=0)
+        tid, epoch = lease_request_from_wire(req)
         now, _ = self._time()
         granted, why = self.state.on_lease_request(sender, tid, epoch, now)
         return {"granted": granted, "why": why}
@@ -57,9 +55,7 @@ class FencingIO:
                 raise TransportError("no cluster")
             req = {"op": "lease", "task": i.task_id, "epoch": i.epoch}
             raw = await self.cluster.request(i.dest, req, self.rpc_timeout)
-            f = wire.Fields(raw, "lease reply")
-            granted = f.bool("granted", False)
-            why = f.str("why", "", max_len=512)
+            granted, why = lease_reply_from_wire(raw)
         except (TransportError, RemoteError, wire.WireError) as e:
             why = f"{i.dest} did not answer: {e}"
         now, wall = self._time()
@@ -78,6 +74,22 @@ class FencingIO:
             return plan
         until = self.state.fence_deadline(task.id)
         return attrs.evolve(plan, lease=_monotonic(until))
+
+
+def lease_request_from_wire(req: Any) -> tuple[str, int]:
+    """(task id, epoch) of a `lease` request; wire.WireError names a bad field."""
+    f = wire.Fields(req, "lease", ignore=("op", "v", "from", "to"))
+    tid = f.task_id("task", required=True)
+    epoch = f.int("epoch", required=True, lo=0)
+    f.done()
+    return tid, epoch
+
+
+def lease_reply_from_wire(raw: Any) -> tuple[bool, str]:
+    f = wire.Fields(raw, "lease reply")
+    granted = f.bool("granted", False)
+    why = f.str("why", "", max_len=512)
+    return granted, why
 
 
 def _monotonic(until: float | None) -> float:

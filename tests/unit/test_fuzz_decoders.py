@@ -27,11 +27,12 @@ from hypothesis import strategies as st
 
 from swarm import codec, crypto, request_checks, wire
 from swarm import model as m
+from swarm.cluster import gang as gg
+from swarm.cluster import gangwire, succession
 from swarm.cluster import messages as msgs
-from swarm.cluster import succession
 from swarm.node import replicas
+from swarm.runtime import fencingio, journaldb, net
 from swarm.runtime import journal as jr
-from swarm.runtime import journaldb, net
 from swarm.runtime.api import ApiServer, Ops, PeerCred
 
 # SWARM_FUZZ_EXAMPLES=5000 for a longer hunt; the default keeps the file near 30 s
@@ -140,6 +141,36 @@ CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = [
             replicas.ReplicaMsg("hold", SPEC.id, "n1", "n2", ("n3",), SPEC)
         ),
     ),
+    (
+        "replica_release_final",
+        replicas.replica_msg_from_wire,
+        replicas.replica_msg_to_wire(
+            replicas.ReplicaMsg(
+                "release",
+                SPEC.id,
+                "n1",
+                "n2",
+                ("n3",),
+                final=replicas.Final("succeeded", 0, None, "", 3.0),
+            )
+        ),
+    ),
+    ("lease_request", fencingio.lease_request_from_wire, {"task": SPEC.id, "epoch": 3}),
+    ("lease_reply", fencingio.lease_reply_from_wire, {"granted": True, "why": ""}),
+] + [
+    (f"gang_{type(msg).__name__.lower()}", gangwire.from_wire, gangwire.to_wire(msg))
+    for msg in (
+        gg.Prepare("g0123456789abcdef", 2, (0, 3), 5.0),
+        gg.Commit("g0123456789abcdef", 2, {0: 0, 3: 3}, 4, "n2", 29500, 15.0),
+        gg.Renew("g0123456789abcdef", 2, 7, 15.0),
+        gg.Abort("g0123456789abcdef", 2, "rank 1 exited 3"),
+        gg.Granted("g0123456789abcdef", 2, 29500),
+        gg.Refused("g0123456789abcdef", 2, "room for 0 of 2"),
+        gg.Started("g0123456789abcdef", 2, (0, 3)),
+        gg.Alive("g0123456789abcdef", 2, (0,), {3: 1}),
+        gg.Gone("g0123456789abcdef", 2, "no hold"),
+        gg.Aborted("g0123456789abcdef", 2),
+    )
 ]
 
 

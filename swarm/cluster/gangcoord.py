@@ -1,0 +1,387 @@
+"""A gang's coordinator at its home (issue 22, pure): rounds of prepare, commit, run.
+
+One `Coordinator` per gang, kept by the node the gang was submitted at. It asks its
+caller where to place the members (`NeedTargets` -> `on_targets`), then runs rounds
+as gang.py describes: prepares one node at a time in node-id order, commit once
+enough nodes hold, renewals only while the gang is whole, abort on any failure, and
+a jittered, doubling back-off between failed rounds. Time comes in as `now` and
+randomness from the `random.Random` it is given; every answer is a list of
+instructions (gang.py), the last of them a `WakeAt` when something is due.
+
+What ends a gang: every member exited (ok when all exited 0); a strict gang's member
+failed or its node died while running (unless `restart`: then a new round as a
+whole); a non-strict gang fell under `min_available` live members; `cancel`;
+`timeout` before it ran; `max_rounds` failed rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..model import NodeId
+from . import gang as g
+from .gangstate import GangRounds, Phase, Share
+
+
+class Coordinator(GangRounds):
+    """The home's side of one gang: the phases and the stimuli."""
+
+    # ------------------------------------------------------------------ stimuli
+
+    def tick(self, now: float) -> list[g.Instruction]:
+        out = self._resend_aborts(now)
+        if self.phase is Phase.ENDED:
+            return self._woken(now, out)
+        if self.spec.timeout and not self.ever_ran and now >= self.created + self.spec.timeout:
+            return self._woken(
+                now,
+                out
+                + self._end(
+                    now, False, f"not running after {self.spec.timeout:g} s (gang-timeout)"
+                ),
+            )
+        if self.phase is Phase.WAITING:
+            if not self.asking and now >= max(self.wait_until, self.lapse_until):
+                self.asking = True
+                out.append(g.NeedTargets(self.spec.gang, self.round + 1))
+        elif self.phase is Phase.PREPARING:
+            out += self._prepare_tick(now)
+        elif self.phase is Phase.COMMITTING:
+            out += self._commit_tick(now)
+        elif self.phase is Phase.RUNNING:
+            out += self._run_tick(now)
+        return self._woken(now, out)
+
+    def on_targets(
+        self, now: float, targets: Sequence[NodeId] | None, why: str = ""
+    ) -> list[g.Instruction]:
+        """Where each slot's member should go (len == size), or None: nowhere fits now."""
+        if self.phase is not Phase.WAITING or not self.asking:
+            return self._woken(now, [])
+        self.asking = False
+        if targets is None or len(targets) != self.spec.size or not all(targets):
+            self.why = f"no placement: {why or 'the cluster has no room for it now'}"
+            return self._woken(now, self._back_off(now))
+        by_node: dict[NodeId, list[int]] = {}
+        for slot, node in enumerate(targets):
+            by_node.setdefault(node, []).append(slot)
+        self.round += 1
+        self.rounds += 1
+        self.shares = {n: Share(n, tuple(s)) for n, s in by_node.items()}
+        self.order = sorted(by_node)
+        self.next_ask = 0
+        self.ranks = {}
+        self.phase = Phase.PREPARING
+        self.why = f"round {self.round}: asking {len(self.order)} nodes for holds"
+        out: list[g.Instruction] = [g.RoundStarted(self.spec.gang, self.round)]
+        out += self._ask(now, self.order[0])
+        return self._woken(now, out)
+
+    def on_message(self, now: float, src: NodeId, msg: g.ToHome) -> list[g.Instruction]:
+        out: list[g.Instruction] = []
+        if isinstance(msg, g.Aborted):
+            a = self.aborting.get(src)
+            if a is not None and a.round <= msg.round:
+                del self.aborting[src]
+            self._maybe_lapsed(now)
+            return self._woken(now, out)
+        share = self.shares.get(src)
+        if (
+            msg.gang != self.spec.gang
+            or msg.round != self.round
+            or share is None
+            or self.phase is Phase.ENDED
+        ):
+            return self._woken(now, out)
+        if isinstance(msg, g.Granted):
+            out += self._on_granted(now, share, msg)
+        elif isinstance(msg, g.Refused):
+            out += self._on_refused(now, share, msg.reason)
+        elif isinstance(msg, g.Started):
+            out += self._on_started(now, share, msg)
+        elif isinstance(msg, g.Alive):
+            out += self._on_alive(now, share, msg)
+        elif isinstance(msg, g.Gone):
+            out += self._on_gone(now, share, msg.reason)
+        return self._woken(now, out)
+
+    def on_node_dead(self, now: float, node: NodeId) -> list[g.Instruction]:
+        """Membership declared `node` dead: its holds and members are gone. An abort
+        still owed to it stays owed until the lease lapses (a node declared dead by
+        mistake still runs its members until then)."""
+        share = self.shares.get(node)
+        out: list[g.Instruction] = []
+        if share is not None and self.phase in (Phase.PREPARING, Phase.COMMITTING, Phase.RUNNING):
+            if self.phase is Phase.PREPARING and not share.granted and not share.refused:
+                out += self._on_refused(now, share, "its node died")
+            elif share.granted:
+                out += self._on_gone(now, share, f"its node {node} died")
+        self._maybe_lapsed(now)
+        return self._woken(now, out)
+
+    def cancel(self, now: float, reason: str = "cancelled") -> list[g.Instruction]:
+        if self.phase is Phase.ENDED:
+            return self._woken(now, [])
+        return self._woken(now, self._end(now, False, reason))
+
+    # ------------------------------------------------------------------ preparing
+
+    def _ask(self, now: float, node: NodeId) -> list[g.Instruction]:
+        share = self.shares[node]
+        if share.asked_at is None:
+            share.asked_at = now
+        share.last_sent = now
+        msg = g.Prepare(self.spec.gang, self.round, share.slots, self.timers.hold_ttl)
+        return [g.Send(node, msg)]
+
+    def _prepare_tick(self, now: float) -> list[g.Instruction]:
+        t = self.timers
+        if self._hold_lapsing(now):
+            return self._fail_round(now, "its holds would lapse before the commit")
+        share = self.shares[self.order[self.next_ask]]
+        assert share.asked_at is not None
+        if now >= share.asked_at + t.answer_timeout:
+            return self._on_refused(now, share, f"no answer in {t.answer_timeout:g} s")
+        if now >= share.last_sent + t.resend:
+            return self._ask(now, share.node)
+        return []
+
+    def _hold_lapsing(self, now: float) -> bool:
+        """A granted hold might lapse before a commit could reach it."""
+        t = self.timers
+        return any(
+            s.granted
+            and s.asked_at is not None
+            and now >= s.asked_at + t.hold_ttl - t.answer_timeout
+            for s in self.shares.values()
+        )
+
+    def _on_granted(self, now: float, share: Share, msg: g.Granted) -> list[g.Instruction]:
+        if self.phase is not Phase.PREPARING or share.node != self.order[self.next_ask]:
+            return []
+        share.granted = True
+        share.port = msg.port
+        return self._next(now)
+
+    def _on_refused(self, now: float, share: Share, reason: str) -> list[g.Instruction]:
+        if self.phase is not Phase.PREPARING or share.node != self.order[self.next_ask]:
+            return []
+        share.refused = True
+        if self.spec.mode is g.Mode.STRICT:
+            return self._fail_round(now, f"{share.node} refused: {reason}")
+        held = sum(len(s.slots) for s in self.shares.values() if s.granted)
+        rest = sum(len(self.shares[n].slots) for n in self.order[self.next_ask + 1 :])
+        if held + rest < self.spec.needed:
+            return self._fail_round(
+                now, f"{share.node} refused: {reason}; {held + rest} of {self.spec.needed} left"
+            )
+        return self._next(now)
+
+    def _next(self, now: float) -> list[g.Instruction]:
+        self.next_ask += 1
+        if self.next_ask < len(self.order):
+            return self._ask(now, self.order[self.next_ask])
+        granted = [s for s in self.shares.values() if s.granted]
+        if sum(len(s.slots) for s in granted) < self.spec.needed:
+            return self._fail_round(now, "too few holds")
+        return self._commit(now, granted)
+
+    # ------------------------------------------------------------------ committing
+
+    def _commit(self, now: float, granted: list[Share]) -> list[g.Instruction]:
+        slots = sorted(slot for s in granted for slot in s.slots)
+        strict = self.spec.mode is g.Mode.STRICT
+        self.ranks = {slot: (slot if strict else i) for i, slot in enumerate(slots)}
+        self.world = len(slots)
+        master = next(s for s in granted if any(self.ranks[x] == 0 for x in s.slots))
+        self.phase = Phase.COMMITTING
+        self.why = f"round {self.round}: committing {self.world} members"
+        out: list[g.Instruction] = []
+        for s in granted:
+            s.committed_at = now
+            out += self._send_commit(now, s, master)
+        return out
+
+    def _send_commit(
+        self, now: float, s: Share, master: Share | None = None
+    ) -> list[g.Instruction]:
+        if master is None:
+            master = next(
+                x for x in self.shares.values() if any(self.ranks.get(y) == 0 for y in x.slots)
+            )
+        s.last_sent = now
+        self.lease_sent = now
+        ranks = {slot: self.ranks[slot] for slot in s.slots}
+        msg = g.Commit(
+            self.spec.gang,
+            self.round,
+            ranks,
+            self.world,
+            master.node,
+            master.port,
+            self.timers.run_ttl,
+        )
+        return [g.Send(s.node, msg)]
+
+    def _commit_tick(self, now: float) -> list[g.Instruction]:
+        t = self.timers
+        waiting = [
+            s
+            for s in self.shares.values()
+            if s.committed_at is not None and not s.started and not s.gone
+        ]
+        if any(now >= (s.committed_at or now) + t.answer_timeout for s in waiting):
+            if self.spec.mode is g.Mode.STRICT:
+                return self._fail_round(now, f"commit not answered in {t.answer_timeout:g} s")
+            for s in waiting:
+                s.gone = True
+            return self._settle_commit(now)
+        out: list[g.Instruction] = []
+        for s in waiting:
+            if now >= s.last_sent + t.resend:
+                out += self._send_commit(now, s)
+        return out
+
+    def _on_started(self, now: float, share: Share, msg: g.Started) -> list[g.Instruction]:
+        if self.phase is not Phase.COMMITTING or share.committed_at is None:
+            return []
+        share.started = True
+        share.answer_at = now
+        share.running = frozenset(msg.slots) & frozenset(share.slots)
+        return self._settle_commit(now)
+
+    def _settle_commit(self, now: float) -> list[g.Instruction]:
+        committed = [s for s in self.shares.values() if s.committed_at is not None]
+        if any(not (s.started or s.gone) for s in committed):
+            return []
+        live = sum(len(s.running) for s in committed if s.started)
+        if live < self.spec.needed or (self.spec.mode is g.Mode.STRICT and live < self.world):
+            return self._fail_round(now, f"only {live} of {self.world} members started")
+        self.phase = Phase.RUNNING
+        self.ever_ran = True
+        self.failures = 0
+        self.last_renew = now
+        self.why = f"round {self.round}: running {live} members"
+        nodes = {self.ranks[slot]: s.node for s in committed if s.started for slot in s.running}
+        return [g.GangRunning(self.spec.gang, self.round, nodes, self.world)]
+
+    # ------------------------------------------------------------------ running
+
+    def _on_alive(self, now: float, share: Share, msg: g.Alive) -> list[g.Instruction]:
+        if self.phase is Phase.COMMITTING and share.committed_at is not None and not share.started:
+            share.started = True
+            share.running = frozenset(msg.running) & frozenset(share.slots)
+        if not share.started:
+            return []
+        share.answer_at = now
+        share.awaiting = False
+        share.running = frozenset(msg.running) & frozenset(share.slots)
+        share.exited.update({s: c for s, c in msg.exited.items() if s in share.slots})
+        if self.phase is Phase.COMMITTING:
+            return self._settle_commit(now)
+        return self._judge(now) if self.phase is Phase.RUNNING else []
+
+    def _on_gone(self, now: float, share: Share, reason: str) -> list[g.Instruction]:
+        if share.committed_at is None:
+            if self.phase is Phase.PREPARING and share.granted:
+                return self._fail_round(now, f"{share.node}'s hold is gone: {reason}")
+            return []
+        share.gone = True
+        share.running = frozenset()
+        if self.phase is Phase.COMMITTING:
+            if self.spec.mode is g.Mode.STRICT:
+                return self._fail_round(now, f"{share.node} could not start: {reason}")
+            return self._settle_commit(now)
+        return self._judge(now, f"{share.node}: {reason}") if self.phase is Phase.RUNNING else []
+
+    def _members(self, now: float) -> tuple[int, int, list[tuple[int, int]]]:
+        """(live, ended ok, [(rank, code) of failures]) over the committed members."""
+        live = ok = 0
+        failed: list[tuple[int, int]] = []
+        for s in self.shares.values():
+            if s.committed_at is None:
+                continue
+            for slot in s.slots:
+                code = s.exited.get(slot)
+                if code == 0:
+                    ok += 1
+                elif code is not None:
+                    failed.append((self.ranks[slot], code))
+                elif slot in s.running and now < s.answer_at + self.timers.ack_fresh and not s.gone:
+                    live += 1
+        return live, ok, failed
+
+    def _judge(self, now: float, why: str = "") -> list[g.Instruction]:
+        """Is the running gang still whole? Ends it, or fails the round, when not."""
+        live, ok, failed = self._members(now)
+        if self.spec.mode is g.Mode.STRICT:
+            if failed:
+                return self._fail_round(now, f"rank {failed[0][0]} exited {failed[0][1]}")
+            if live + ok < self.world:
+                silent = f"{self.world - live - ok} members silent for {self.timers.ack_fresh:g} s"
+                return self._fail_round(now, why or silent)
+            if live == 0:
+                return self._end(now, True, "every member exited 0")
+            return []
+        if live == 0:
+            done = ok >= self.spec.needed and not failed
+            return self._end(
+                now, done, "members ended" if done else f"members failed: {self._fmt(failed)}"
+            )
+        if live + ok < self.spec.needed:
+            return self._fail_round(
+                now, why or f"{live + ok} of min-available {self.spec.needed} members live"
+            )
+        return []
+
+    def _run_tick(self, now: float) -> list[g.Instruction]:
+        out = self._judge(now)
+        if out or self.phase is not Phase.RUNNING:
+            return out
+        if now >= self.last_renew + self.timers.renew_every:
+            self.renew_seq += 1
+            self.last_renew = now
+            return [self._renew(now, s) for s in self._renewed()]
+        # a renewal not answered is sent again (the same seq: it extends only once)
+        return [
+            self._renew(now, s)
+            for s in self._renewed()
+            if s.awaiting and now >= s.last_sent + self.timers.resend
+        ]
+
+    def _renewed(self) -> list[Share]:
+        return [s for s in self.shares.values() if s.started and not s.gone and s.running]
+
+    def _renew(self, now: float, s: Share) -> g.Send:
+        s.last_sent = now
+        s.awaiting = True
+        self.lease_sent = now
+        return g.Send(
+            s.node, g.Renew(self.spec.gang, self.round, self.renew_seq, self.timers.run_ttl)
+        )
+
+    def _woken(self, now: float, out: list[g.Instruction]) -> list[g.Instruction]:
+        due = self._next_due(now)
+        if due is not None:
+            out.append(g.WakeAt(due))
+        return out
+
+    def _next_due(self, now: float) -> float | None:
+        t = self.timers
+        dues = [a.last_sent + t.resend for a in self.aborting.values()]
+        if self.phase is Phase.WAITING and not self.asking:
+            dues.append(max(self.wait_until, self.lapse_until))
+        elif self.phase in (Phase.PREPARING, Phase.COMMITTING):
+            dues.append(now + min(t.resend, t.answer_timeout) / 2)
+        elif self.phase is Phase.RUNNING:
+            dues.append(self.last_renew + t.renew_every)
+            dues += [s.last_sent + t.resend for s in self._renewed() if s.awaiting]
+            # a member turns silent then (one already silent is judged by now)
+            dues += [
+                s.answer_at + t.ack_fresh
+                for s in self.shares.values()
+                if s.started and s.running and s.answer_at + t.ack_fresh > now
+            ]
+        if self.spec.timeout and not self.ever_ran and self.phase is not Phase.ENDED:
+            dues.append(self.created + self.spec.timeout)
+        return min(dues) if dues else None

@@ -1,0 +1,242 @@
+"""A node's holds for gangs (issue 22, pure): grant, start, renew, lapse, abort.
+
+Every node keeps one `HoldBook`. For each gang it has at most one round's share: a
+*hold* (resources kept for the members, until `hold_ttl` after the grant), then the
+*running* members (under a run lease that the gang's home renews), then an *ended*
+record kept a little while so the home can read the exit codes.
+
+Rules (see gang.py for the whole protocol):
+
+- Prepares are answered in arrival order and never wait: granted when the members fit
+  (`room`, from the caller's ledger, which counts the holds) and fewer than
+  `max_holds` holds are uncommitted here; refused otherwise.
+- A round older than the newest one seen for the gang, or one the home aborted, is
+  refused (prepare) or answered `gone` (commit, renewal): late duplicates create
+  nothing. A newer round's prepare ends whatever an older round left here.
+- Every stimulus first lapses what is due: no hold outlives its `hold_ttl`, no member
+  runs past its run lease (`WakeAt` names the next deadline, so the driver is called
+  at it). The agent's supervisor enforces the same deadline on the process itself.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import attrs
+
+from ..model import NodeId
+from . import gang as g
+
+MAX_TTL = 3600.0
+KEEP_ENDED = 60.0  # seconds an ended round's exit codes stay readable
+KEEP_FLOOR = 600.0  # seconds a gang's newest round is remembered without anything held
+
+
+class Phase(enum.Enum):
+    HELD = "held"
+    RUNNING = "running"
+    ENDED = "ended"
+
+
+@attrs.define
+class Entry:
+    """One gang's round at this node."""
+
+    gang: str
+    round: int
+    home: NodeId
+    slots: tuple[int, ...]
+    phase: Phase
+    deadline: float  # HELD: the hold lapses; RUNNING: the run lease lapses; ENDED: forgotten
+    port: int = 0
+    ranks: dict[int, int] = attrs.field(factory=dict)
+    running: set[int] = attrs.field(factory=set)
+    exited: dict[int, int] = attrs.field(factory=dict)
+    seq: int = 0  # the newest renewal applied
+
+
+class HoldBook:
+    """The holds and running gang members of one node."""
+
+    def __init__(self, node: NodeId, max_holds: int = g.DEFAULT_MAX_HOLDS) -> None:
+        self.node = node
+        self.max_holds = max_holds
+        self.entries: dict[str, Entry] = {}
+        self.floor: dict[str, tuple[int, float]] = {}  # gang -> (lowest round accepted, when)
+        self.refused = 0
+        self.granted = 0
+        self.lapsed_holds = 0
+        self.lapsed_runs = 0
+
+    # ------------------------------------------------------------------ reads
+
+    def held_slots(self) -> int:
+        """Members held but not started: what the ledger must keep free."""
+        return sum(len(e.slots) for e in self.entries.values() if e.phase is Phase.HELD)
+
+    def running_slots(self) -> int:
+        return sum(len(e.running) for e in self.entries.values() if e.phase is Phase.RUNNING)
+
+    def holds(self) -> int:
+        return sum(1 for e in self.entries.values() if e.phase is Phase.HELD)
+
+    def next_deadline(self) -> float | None:
+        live = [e.deadline for e in self.entries.values()]
+        return min(live) if live else None
+
+    # ------------------------------------------------------------------ stimuli
+
+    def on_message(
+        self, now: float, src: NodeId, msg: g.ToNode, room: int = 0, port: int = 0
+    ) -> list[g.Instruction]:
+        """A message from a gang's home. `room`: how many more members of this gang the
+        node could take now, holds counted (read only for a prepare); `port`: one the
+        caller reserved for a rendezvous, given with a grant."""
+        out = self._lapse(now)
+        if isinstance(msg, g.Prepare):
+            out += self._prepare(now, src, msg, room, port)
+        elif isinstance(msg, g.Commit):
+            out += self._commit(now, src, msg)
+        elif isinstance(msg, g.Renew):
+            out += self._renew(now, src, msg)
+        elif isinstance(msg, g.Abort):
+            out += self._abort(now, src, msg)
+        return self._woken(out)
+
+    def on_member_exit(
+        self, now: float, gang: str, round: int, slot: int, code: int
+    ) -> list[g.Instruction]:
+        """A member's process ended: tell the home at once (it also reads it on renewal)."""
+        out = self._lapse(now)
+        e = self.entries.get(gang)
+        if e is None or e.round != round or e.phase is not Phase.RUNNING or slot not in e.running:
+            return self._woken(out)
+        e.running.discard(slot)
+        e.exited[slot] = code
+        if not e.running:
+            e.phase = Phase.ENDED
+            e.deadline = now + KEEP_ENDED
+        out.append(g.Send(e.home, self._alive(e)))
+        return self._woken(out)
+
+    def tick(self, now: float) -> list[g.Instruction]:
+        return self._woken(self._lapse(now))
+
+    # ------------------------------------------------------------------ handlers
+
+    def _prepare(
+        self, now: float, src: NodeId, msg: g.Prepare, room: int, port: int
+    ) -> list[g.Instruction]:
+        floor, _ = self.floor.get(msg.gang, (0, now))
+        if msg.round < floor:
+            return [g.Send(src, g.Refused(msg.gang, msg.round, "stale round"))]
+        out: list[g.Instruction] = []
+        e = self.entries.get(msg.gang)
+        if e is not None and e.round == msg.round:
+            if e.phase is Phase.HELD:  # a duplicate: the same answer, the same deadline
+                return [g.Send(src, g.Granted(msg.gang, msg.round, e.port))]
+            return []
+        if e is not None:  # an older round: the home has moved on
+            out += self._drop(e, "a newer round of the gang")
+        self.floor[msg.gang] = (msg.round, now)
+        if self.holds() >= self.max_holds:
+            self.refused += 1
+            return [
+                *out,
+                g.Send(src, g.Refused(msg.gang, msg.round, f"{self.max_holds} holds here already")),
+            ]
+        if room < len(msg.slots):
+            self.refused += 1
+            return [
+                *out,
+                g.Send(src, g.Refused(msg.gang, msg.round, f"room for {room} of {len(msg.slots)}")),
+            ]
+        ttl = min(max(msg.hold_ttl, 0.0), MAX_TTL)
+        self.entries[msg.gang] = Entry(
+            msg.gang, msg.round, src, tuple(sorted(set(msg.slots))), Phase.HELD, now + ttl, port
+        )
+        self.granted += 1
+        return [
+            *out,
+            g.HoldChanged(msg.gang, msg.round),
+            g.Send(src, g.Granted(msg.gang, msg.round, port)),
+        ]
+
+    def _commit(self, now: float, src: NodeId, msg: g.Commit) -> list[g.Instruction]:
+        e = self.entries.get(msg.gang)
+        if e is None or e.round != msg.round or e.home != src:
+            return [g.Send(src, g.Gone(msg.gang, msg.round, "no hold for this round"))]
+        if e.phase is not Phase.HELD:  # a duplicate: answer again, change nothing
+            return [g.Send(src, g.Started(msg.gang, msg.round, tuple(sorted(e.ranks))))]
+        ranks = {s: r for s, r in msg.ranks.items() if s in e.slots}
+        if not ranks:
+            out = self._drop(e, "committed none of its slots")
+            return [*out, g.Send(src, g.Gone(msg.gang, msg.round, "no held slot committed"))]
+        e.phase = Phase.RUNNING
+        e.ranks = ranks
+        e.running = set(ranks)
+        e.slots = tuple(sorted(ranks))
+        e.deadline = now + min(max(msg.run_ttl, 0.0), MAX_TTL)
+        return [
+            g.HoldChanged(msg.gang, msg.round),
+            g.StartMembers(msg.gang, msg.round, dict(ranks), msg.world, msg.master, msg.port),
+            g.Send(src, g.Started(msg.gang, msg.round, e.slots)),
+        ]
+
+    def _renew(self, now: float, src: NodeId, msg: g.Renew) -> list[g.Instruction]:
+        e = self.entries.get(msg.gang)
+        if e is None or e.round != msg.round or e.home != src or e.phase is Phase.HELD:
+            return [g.Send(src, g.Gone(msg.gang, msg.round, "nothing of this round runs here"))]
+        if e.phase is Phase.RUNNING and msg.seq > e.seq:
+            e.seq = msg.seq
+            e.deadline = max(e.deadline, now + min(max(msg.run_ttl, 0.0), MAX_TTL))
+        return [g.Send(src, self._alive(e))]
+
+    def _abort(self, now: float, src: NodeId, msg: g.Abort) -> list[g.Instruction]:
+        floor, _ = self.floor.get(msg.gang, (0, now))
+        self.floor[msg.gang] = (max(floor, msg.round + 1), now)
+        out: list[g.Instruction] = []
+        e = self.entries.get(msg.gang)
+        if e is not None and e.round <= msg.round:
+            out += self._drop(e, f"aborted: {msg.reason}" if msg.reason else "aborted")
+        return [*out, g.Send(src, g.Aborted(msg.gang, msg.round))]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _alive(self, e: Entry) -> g.Alive:
+        return g.Alive(e.gang, e.round, tuple(sorted(e.running)), dict(e.exited))
+
+    def _drop(self, e: Entry, reason: str) -> list[g.Instruction]:
+        del self.entries[e.gang]
+        out: list[g.Instruction] = [g.HoldChanged(e.gang, e.round)]
+        if e.phase is Phase.RUNNING and e.running:
+            out.append(g.StopMembers(e.gang, e.round, tuple(sorted(e.running)), reason))
+        return out
+
+    def _lapse(self, now: float) -> list[g.Instruction]:
+        out: list[g.Instruction] = []
+        for e in [e for e in self.entries.values() if e.deadline <= now]:
+            if e.phase is Phase.HELD:
+                self.lapsed_holds += 1
+            elif e.phase is Phase.RUNNING:
+                self.lapsed_runs += 1
+                floor, _ = self.floor.get(e.gang, (0, now))
+                self.floor[e.gang] = (max(floor, e.round + 1), now)
+            out += self._drop(e, "its run lease lapsed (the gang's home stopped renewing)")
+        for gang, (_, when) in list(self.floor.items()):
+            if gang not in self.entries and now - when > KEEP_FLOOR:
+                del self.floor[gang]
+        return out
+
+    def _woken(self, out: list[g.Instruction]) -> list[g.Instruction]:
+        nxt = self.next_deadline()
+        if nxt is not None:
+            out.append(g.WakeAt(nxt))
+        return out
+
+
+def ranks_of(entries: Mapping[str, Entry], gang: str) -> dict[int, int]:
+    """slot -> rank of a gang's members running here (for `swarm ps` and tests)."""
+    e = entries.get(gang)
+    return dict(e.ranks) if e is not None and e.phase is Phase.RUNNING else {}
