@@ -519,12 +519,7 @@ class HomeSide:
             # runs: the task is back here, at a new epoch, to be placed again
             if e.phase is not HomePhase.REMOTE:
                 return Reply(r.task_id, e.epoch, True), []
-            e.revokes[sender] = max(e.revokes.get(sender, 0), e.epoch)
-            e.where = self.node
-            e.epoch = e.next_epoch
-            e.next_epoch += 1
-            e.phase = HomePhase.LOCAL
-            e.cancel_unacked = False
+            self._back_home(e, sender)
             return Reply(r.task_id, r.epoch, True), [HolderLost(r.task_id, sender, fenced=True)]
         if r.final:
             e.phase = HomePhase.DONE
@@ -537,13 +532,7 @@ class HomeSide:
         out: list[Output] = []
         for e in self.entries.values():
             if e.phase is HomePhase.REMOTE and e.where == node:
-                e.revokes[node] = max(e.revokes.get(node, 0), e.epoch)
-                e.where = self.node
-                e.epoch = e.next_epoch
-                e.next_epoch += 1
-                e.phase = HomePhase.LOCAL
-                e.commit_unacked = False
-                e.cancel_unacked = False
+                self._back_home(e, node)
                 out.append(HolderLost(e.task_id, node))
             elif e.phase is HomePhase.OFFERING and e.target == node:
                 out += self._offer_failed(e, f"{node} died", refused=False)
@@ -556,6 +545,17 @@ class HomeSide:
                 e.next_epoch += 1
                 e.offer_from = ""
         return out
+
+    def _back_home(self, e: HomeEntry, holder: NodeId) -> None:
+        """The holder no longer runs the task (it died, or its run was fenced): the task
+        is back here at a new epoch, and the holder's epoch is revoked."""
+        e.revokes[holder] = max(e.revokes.get(holder, 0), e.epoch)
+        e.where = self.node
+        e.epoch = e.next_epoch
+        e.next_epoch += 1
+        e.phase = HomePhase.LOCAL
+        e.commit_unacked = False
+        e.cancel_unacked = False
 
     def cancel(self, task_id: TaskId, now: float) -> list[Output]:
         e = self.entries.get(task_id)
