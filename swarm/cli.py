@@ -920,7 +920,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sim",
         cmd_sim,
         "run a simulator experiment: balls, staleness, load, transfer, shares, flex, fairness,"
-        " constraints, locality, elastic or all",
+        " constraints, locality, elastic, gang or all",
     )
     sm.add_argument("experiment", metavar="NAME")
     sm.add_argument("--nodes", type=int, help="cluster size (each experiment has a default)")

@@ -61,7 +61,9 @@ class Coordinator(GangRounds):
         self.asking = False
         if targets is None or len(targets) != self.spec.size or not all(targets):
             self.why = f"no placement: {why or 'the cluster has no room for it now'}"
-            return self._woken(now, self._back_off(now))
+            self._back_off(now)
+            self.no_room = True
+            return self._woken(now, [])
         by_node: dict[NodeId, list[int]] = {}
         for slot, node in enumerate(targets):
             by_node.setdefault(node, []).append(slot)
@@ -118,6 +120,16 @@ class Coordinator(GangRounds):
                 out += self._on_gone(now, share, f"its node {node} died")
         self._maybe_lapsed(now)
         return self._woken(now, out)
+
+    def poke(self, now: float) -> list[g.Instruction]:
+        """The gossiped view changed and has room for the gang again: a gang backing off
+        only because there was no room tries again soon (within one `resend`, jittered
+        so that gangs poked together do not all ask at once). A back-off after a failed
+        round is kept: it is what parts competing gangs."""
+        if self.phase is Phase.WAITING and self.no_room and not self.asking:
+            self.no_room = False
+            self.wait_until = min(self.wait_until, now + self.rng.uniform(0.0, self.timers.resend))
+        return self._woken(now, [])
 
     def cancel(self, now: float, reason: str = "cancelled") -> list[g.Instruction]:
         if self.phase is Phase.ENDED:

@@ -76,6 +76,7 @@ class GangRounds:
         self.lapse_until = now  # the next round not before: leases of the last one lapsed
         self.asking = False  # NeedTargets sent, on_targets not called yet
         self.failures = 0  # failed rounds in a row (the back-off's exponent)
+        self.no_room = False  # backing off because the view had no room (poke ends it)
         self.rounds = 0
         self.shares: dict[NodeId, Share] = {}
         self.order: list[NodeId] = []
@@ -152,6 +153,7 @@ class GangRounds:
         self.failures = min(self.failures + 1, 30)
         self.phase = Phase.WAITING
         self.wait_until = now + delay
+        self.no_room = False
         return []
 
     def _end(

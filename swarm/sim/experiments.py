@@ -21,7 +21,7 @@ from swarm.policy import migration as mig
 from swarm.policy.transfer import TransferConfig
 
 from . import balls as balls_mod
-from . import constraintsim, elasticsim, localitysim, plots
+from . import constraintsim, elasticsim, gangsim, localitysim, plots
 from . import fairsim as fs
 from .calibrate import measure_load_age
 from .engine import (
@@ -1594,6 +1594,15 @@ def elastic(p: Params) -> Outcome:
     return elasticsim.elastic_outcome(p.out, p.nodes, p.tasks, p.seed)
 
 
+# ------------------------------------------------------------------ 11. gang (issue 22)
+
+
+def gang(p: Params) -> Outcome:
+    """Leaderless gangs (the protocol of cluster.gangcoord / gangholds on sim.gangnet)
+    against a central gang scheduler on the same trace (`sim.gangsim`)."""
+    return gangsim.gang_outcome(p.out, p.nodes, p.tasks, p.seed)
+
+
 # ------------------------------------------------------------------ registry
 
 EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
@@ -1607,6 +1616,7 @@ EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
     "constraints": constraints,
     "locality": locality,
     "elastic": elastic,
+    "gang": gang,
 }
 
 INTRO = """

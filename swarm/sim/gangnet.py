@@ -41,6 +41,7 @@ class NetConfig:
     dup: float = 0.0
     detect: float = 1.0  # seconds from a death to every node knowing it
     view_every: float = 0.0  # placement's view of free room refreshed this often (0: fresh)
+    poke: bool = False  # a refreshed view with room pokes the gangs waiting for room
 
 
 @attrs.define
@@ -99,6 +100,9 @@ class GangNet:
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = itertools.count()
         self.wakes: dict[tuple[str, str], float] = {}
+        self.no_room: set[str] = set()  # gangs told "no room" (poked when the view has room)
+        if net.poke and net.view_every > 0:
+            self._at(0.0, "gossip", None)
         self.messages = 0
         self.view: dict[NodeId, int] = {}
         self.view_at = float("-inf")
@@ -150,6 +154,26 @@ class GangNet:
 
     def _at(self, t: float, kind: str, data: Any) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, data))
+
+    def _ev_gossip(self, _: None) -> None:
+        """The view refreshes (gossip): gangs that found no room and fit it now are poked."""
+        self._refresh()
+        free = sum(max(v, 0) for v in self.view.values())
+        for name in sorted(self.no_room):
+            run = self.gangs[name]
+            if run.coord is None or run.home not in self.alive or not run.coord.no_room:
+                self.no_room.discard(name)
+            elif run.spec.size <= free:
+                self.no_room.discard(name)
+                self._home_out(run, run.coord.poke(self.now))
+        if self.net.view_every > 0 and self.events:  # anything else still to happen
+            self._at(self.now + self.net.view_every, "gossip", None)
+
+    def _refresh(self) -> None:
+        self.view = {
+            n: self.capacity[n] - self.used[n] - self.books[n].held_slots() for n in self.alive
+        }
+        self.view_at = self.now
 
     def _ev_submit(self, gang: str) -> None:
         run = self.gangs[gang]
@@ -237,6 +261,8 @@ class GangNet:
             elif isinstance(ins, g.NeedTargets):
                 targets = self._place(run.spec.size)
                 self._home_out(run, run.coord.on_targets(self.now, targets))
+                if targets is None and self.net.poke:
+                    self.no_room.add(run.spec.gang)
             elif isinstance(ins, g.RoundStarted):
                 run.rounds += 1
             elif isinstance(ins, g.GangRunning):
@@ -289,11 +315,10 @@ class GangNet:
     def _place(self, size: int) -> list[NodeId] | None:
         """Two choices per member on the view of free room (counting this gang's own
         earlier members); None when the view has no room for all of them."""
-        if self.net.view_every <= 0 or self.now - self.view_at >= self.net.view_every:
-            self.view = {
-                n: self.capacity[n] - self.used[n] - self.books[n].held_slots() for n in self.alive
-            }
-            self.view_at = self.now
+        if self.net.view_every <= 0 or (
+            not self.net.poke and self.now - self.view_at >= self.net.view_every
+        ):
+            self._refresh()
         free = {n: v for n, v in self.view.items() if n in self.alive}
         if sum(max(v, 0) for v in free.values()) < size:
             return None
