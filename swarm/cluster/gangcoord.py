@@ -266,16 +266,20 @@ class Coordinator(GangRounds):
         committed = [s for s in self.shares.values() if s.committed_at is not None]
         if any(not (s.started or s.gone) for s in committed):
             return []
-        live = sum(len(s.running) for s in committed if s.started)
-        if live < self.spec.needed or (self.spec.mode is g.Mode.STRICT and live < self.world):
-            return self._fail_round(now, f"only {live} of {self.world} members started")
+        # a member that already ended (a short one: its exit may come before the other
+        # nodes' answers) started too
+        began = {slot: s.node for s in committed if s.started for slot in s.running | set(s.exited)}
+        if len(began) < self.spec.needed or (
+            self.spec.mode is g.Mode.STRICT and len(began) < self.world
+        ):
+            return self._fail_round(now, f"only {len(began)} of {self.world} members started")
         self.phase = Phase.RUNNING
         self.ever_ran = True
         self.failures = 0
         self.last_renew = now
-        self.why = f"round {self.round}: running {live} members"
-        nodes = {self.ranks[slot]: s.node for s in committed if s.started for slot in s.running}
-        return [g.GangRunning(self.spec.gang, self.round, nodes, self.world)]
+        self.why = f"round {self.round}: running {len(began)} members"
+        nodes = {self.ranks[slot]: node for slot, node in began.items()}
+        return [g.GangRunning(self.spec.gang, self.round, nodes, self.world), *self._judge(now)]
 
     # ------------------------------------------------------------------ running
 

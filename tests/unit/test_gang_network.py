@@ -27,12 +27,22 @@ from swarm.sim.gangnet import GangNet, InvariantBroken, NetConfig
 T = g.Timers(hold_ttl=2.0, run_ttl=3.0, max_delay=0.5)
 
 
-def competing(seed: int, gangs: int, nodes: int, size: int, net: NetConfig) -> GangNet:
+def competing(
+    seed: int, gangs: int, nodes: int, size: int, net: NetConfig, run_time: float = 2.0
+) -> GangNet:
     rng = random.Random(seed)
     gn = GangNet({f"n{i}": 1 for i in range(nodes)}, rng, T, net)
     for k in range(gangs):
-        gn.submit(rng.uniform(0.0, 0.01), g.GangSpec(f"g{k}", size), f"n{k}", lambda s: 2.0)
+        gn.submit(rng.uniform(0.0, 0.01), g.GangSpec(f"g{k}", size), f"n{k}", lambda s: run_time)
     return gn
+
+
+def test_gangs_whose_members_end_at_once_still_run_and_end_well() -> None:
+    """Members that exit before the home has every `started` (found by swarm sim gang)."""
+    for seed in range(200):
+        gn = competing(seed, 3, 6, 4, NetConfig(delay_hi=0.02, dup=0.02), run_time=0.0)
+        gn.run(100.0)
+        assert all(r.ended is not None and r.ended.ok for r in gn.gangs.values()), seed
 
 
 @pytest.mark.parametrize("gangs", [2, 3])
@@ -170,7 +180,8 @@ def test_invariants_hold_under_loss_duplicates_reordering_and_deaths(
             timeout=40.0,
             max_rounds=8,
         )
-        gn.submit(rng.uniform(0, 5), spec, f"n{k}", lambda s, d=rng.uniform(0.5, 6.0): d)
+        run_time = rng.choice([0.0, 0.001, rng.uniform(0.5, 6.0)])
+        gn.submit(rng.uniform(0, 5), spec, f"n{k}", lambda s, d=run_time: d)
     for at, node in kills:
         gn.kill(at, f"n{node}")
     for at, k in cancels:

@@ -208,6 +208,21 @@ def running(c: Coordinator, now: float = 0.0) -> None:
     assert c.phase is Phase.RUNNING
 
 
+def test_members_that_end_before_every_start_is_answered_still_count() -> None:
+    """A short member's exit can reach the home before another node's `started`
+    (found by `swarm sim gang`: gangs of near-zero run time failed every round)."""
+    c = coord(2)
+    start_round(c, 0.0, ["n1", "n2"])
+    c.on_message(0.01, "n1", g.Granted(G, 1))
+    c.on_message(0.02, "n2", g.Granted(G, 1))
+    c.on_message(0.03, "n1", g.Started(G, 1, (0,)))
+    c.on_message(0.031, "n1", g.Alive(G, 1, (), {0: 0}))
+    out = c.on_message(0.04, "n2", g.Started(G, 1, (1,)))
+    assert only(out, g.GangRunning) == [g.GangRunning(G, 1, {0: "n1", 1: "n2"}, 2)]
+    out = c.on_message(0.05, "n2", g.Alive(G, 1, (), {1: 0}))
+    assert c.result is not None and c.result.ok
+
+
 def test_a_refusal_fails_a_strict_round_releases_its_holds_and_backs_off() -> None:
     c = coord(3)
     start_round(c, 0.0, ["n1", "n2", "n3"])
