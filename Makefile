@@ -86,6 +86,8 @@ bench-%: $(STAMP)
 
 experiments: $(STAMP)
 	$(PY) -m swarm.cli sim all --out docs/experiments --doc docs/experiments.md
+	rm -f docs/experiments/quick/*.csv
+	$(PY) -m swarm.cli sim all --quick --out docs/experiments/quick
 
 # The chaos suite (docs/chaos.md): real agents in network namespaces (root; loopback
 # otherwise) under kills, pauses, partitions, loss (one scenario keyed); ~12-13 minutes. Writes

@@ -713,6 +713,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         out=args.out,
         doc=args.doc,
+        quick=args.quick,
     )
 
 
@@ -928,6 +929,12 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--tasks", type=int, help="tasks per run (each experiment has a default)")
     sm.add_argument("--out", default="sim-out", help="directory for CSV, PNG and markdown")
     sm.add_argument("--doc", help="with 'all': also write this markdown page")
+    sm.add_argument(
+        "--quick",
+        action="store_true",
+        help="the small sizes of the reproducibility test: write only the CSVs"
+        " (make experiments keeps them in docs/experiments/quick)",
+    )
     return p
 
 
