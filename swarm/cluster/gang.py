@@ -17,7 +17,12 @@ One attempt to start the gang is a *round* (numbered; numbers only grow):
    share: one of them is refused there while it holds nothing above it, so gangs that
    compete for the same nodes never take each other's holds in turn (no livelock);
    gangs whose node sets only partly overlap may both fail a round, and back off by
-   a jittered, doubling delay.
+   a jittered, doubling delay. Optionally (`HoldBook.max_waiting`, `queue_wait`) a
+   node without room keeps one gang first in line (`Queued`) and turns other gangs
+   away until it grants it; waits then follow node-id order, so they cannot form a
+   cycle. `swarm sim gang` measured this worse than refusing, so it is off by
+   default. Later prepares of a round (a higher `seq`) extend its holds while it
+   waits.
 2. **Commit.** Once enough nodes hold (every member for a strict gang, `min_available`
    for a non-strict one), the home sends each a commit with the members' ranks, the
    world size and the rendezvous (rank 0's node and the port it reserved). A node
@@ -76,6 +81,7 @@ class Timers:
     hold_ttl: float = DEFAULT_HOLD_TTL
     run_ttl: float = DEFAULT_RUN_TTL
     answer_timeout: float = 1.0  # a prepare or commit not answered in this: the node refused
+    queue_wait: float = 0.0  # how long a round waits at a node that queued it (0: never)
     resend: float = 0.25  # an unanswered message is sent again after this
     backoff_base: float = 0.2  # a failed round waits base * 2^failures (jittered) ...
     backoff_cap: float = 10.0  # ... at most this
@@ -152,6 +158,8 @@ class Prepare:
     round: int
     slots: tuple[int, ...]
     hold_ttl: float
+    seq: int = 0  # grows with every send of the round's prepares to this node: a later
+    # one extends a hold (or asks again for room), an older copy extends nothing
 
 
 @attrs.frozen
@@ -195,6 +203,19 @@ class Granted:
     gang: str
     round: int
     port: int = 0  # a port reserved for the rendezvous, should rank 0 land here
+    seq: int = 0  # the prepare's: the hold lasts hold_ttl from that prepare's arrival
+
+
+@attrs.frozen
+class Queued:
+    """No room now, but the node keeps the gang first in line for it (`max_waiting`):
+    it refuses other gangs' prepares meanwhile, and grants when a later prepare of
+    this round finds the room."""
+
+    gang: str
+    round: int
+    seq: int = 0
+    reason: str = ""
 
 
 @attrs.frozen
@@ -243,7 +264,7 @@ class Aborted:
 
 
 ToNode = Prepare | Commit | Renew | Abort
-ToHome = Granted | Refused | Started | Alive | Gone | Aborted
+ToHome = Granted | Queued | Refused | Started | Alive | Gone | Aborted
 Message = ToNode | ToHome
 
 

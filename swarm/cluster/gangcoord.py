@@ -97,6 +97,8 @@ class Coordinator(GangRounds):
             return self._woken(now, out)
         if isinstance(msg, g.Granted):
             out += self._on_granted(now, share, msg)
+        elif isinstance(msg, g.Queued):
+            out += self._on_queued(now, share, msg)
         elif isinstance(msg, g.Refused):
             out += self._on_refused(now, share, msg.reason)
         elif isinstance(msg, g.Started):
@@ -143,7 +145,10 @@ class Coordinator(GangRounds):
         if share.asked_at is None:
             share.asked_at = now
         share.last_sent = now
-        msg = g.Prepare(self.spec.gang, self.round, share.slots, self.timers.hold_ttl)
+        seq = share.next_seq
+        share.next_seq += 1
+        share.sent[seq] = now
+        msg = g.Prepare(self.spec.gang, self.round, share.slots, self.timers.hold_ttl, seq)
         return [g.Send(node, msg)]
 
     def _prepare_tick(self, now: float) -> list[g.Instruction]:
@@ -152,28 +157,61 @@ class Coordinator(GangRounds):
             return self._fail_round(now, "its holds would lapse before the commit")
         share = self.shares[self.order[self.next_ask]]
         assert share.asked_at is not None
+        out = self._refresh_holds(now)
+        if share.queued_at is not None:  # first in line there: ask again until the room is
+            if now >= share.queued_at + t.queue_wait:
+                waited = f"waited {t.queue_wait:g} s for room at {share.node}"
+                return [*out, *self._on_refused(now, share, waited)]
+            if now >= share.last_sent + t.resend:
+                out += self._ask(now, share.node)
+            return out
         if now >= share.asked_at + t.answer_timeout:
-            return self._on_refused(now, share, f"no answer in {t.answer_timeout:g} s")
+            return [*out, *self._on_refused(now, share, f"no answer in {t.answer_timeout:g} s")]
         if now >= share.last_sent + t.resend:
-            return self._ask(now, share.node)
-        return []
+            out += self._ask(now, share.node)
+        return out
+
+    def _refresh_holds(self, now: float) -> list[g.Instruction]:
+        """While the round waits for room further on, the holds it has are kept: a later
+        prepare extends each one every third of hold_ttl."""
+        t = self.timers
+        out: list[g.Instruction] = []
+        for s in self.shares.values():
+            if s.granted and now >= s.hold_from + t.hold_ttl / 3 and now >= s.last_sent + t.resend:
+                out += self._ask(now, s.node)
+        return out
 
     def _hold_lapsing(self, now: float) -> bool:
         """A granted hold might lapse before a commit could reach it."""
         t = self.timers
         return any(
-            s.granted
-            and s.asked_at is not None
-            and now >= s.asked_at + t.hold_ttl - t.answer_timeout
+            s.granted and now >= s.hold_from + t.hold_ttl - t.answer_timeout
             for s in self.shares.values()
         )
 
     def _on_granted(self, now: float, share: Share, msg: g.Granted) -> list[g.Instruction]:
-        if self.phase is not Phase.PREPARING or share.node != self.order[self.next_ask]:
+        if self.phase is not Phase.PREPARING:
             return []
+        # the hold lasts hold_ttl from the arrival of the prepare answered, sent then
+        share.hold_from = max(share.hold_from, share.sent.get(msg.seq, share.asked_at or now))
+        if share.granted or share.node != self.order[self.next_ask]:
+            return []  # a kept hold's answer, or an answer out of turn
         share.granted = True
         share.port = msg.port
+        share.queued_at = None
         return self._next(now)
+
+    def _on_queued(self, now: float, share: Share, msg: g.Queued) -> list[g.Instruction]:
+        if self.phase is not Phase.PREPARING or share.node != self.order[self.next_ask]:
+            return []
+        if share.granted:
+            return []
+        if self.timers.queue_wait <= 0:
+            return self._on_refused(now, share, msg.reason or "no room")
+        if share.queued_at is None:
+            share.queued_at = now
+            self.why = f"round {self.round}: first in line for room at {share.node}"
+        return []
 
     def _on_refused(self, now: float, share: Share, reason: str) -> list[g.Instruction]:
         if self.phase is not Phase.PREPARING or share.node != self.order[self.next_ask]:
@@ -365,9 +403,6 @@ class Coordinator(GangRounds):
             if s.awaiting and now >= s.last_sent + self.timers.resend
         ]
 
-    def _renewed(self) -> list[Share]:
-        return [s for s in self.shares.values() if s.started and not s.gone and s.running]
-
     def _renew(self, now: float, s: Share) -> g.Send:
         s.last_sent = now
         s.awaiting = True
@@ -375,29 +410,3 @@ class Coordinator(GangRounds):
         return g.Send(
             s.node, g.Renew(self.spec.gang, self.round, self.renew_seq, self.timers.run_ttl)
         )
-
-    def _woken(self, now: float, out: list[g.Instruction]) -> list[g.Instruction]:
-        due = self._next_due(now)
-        if due is not None:
-            out.append(g.WakeAt(due))
-        return out
-
-    def _next_due(self, now: float) -> float | None:
-        t = self.timers
-        dues = [a.last_sent + t.resend for a in self.aborting.values()]
-        if self.phase is Phase.WAITING and not self.asking:
-            dues.append(max(self.wait_until, self.lapse_until))
-        elif self.phase in (Phase.PREPARING, Phase.COMMITTING):
-            dues.append(now + min(t.resend, t.answer_timeout) / 2)
-        elif self.phase is Phase.RUNNING:
-            dues.append(self.last_renew + t.renew_every)
-            dues += [s.last_sent + t.resend for s in self._renewed() if s.awaiting]
-            # a member turns silent then (one already silent is judged by now)
-            dues += [
-                s.answer_at + t.ack_fresh
-                for s in self.shares.values()
-                if s.started and s.running and s.answer_at + t.ack_fresh > now
-            ]
-        if self.spec.timeout and not self.ever_ran and self.phase is not Phase.ENDED:
-            dues.append(self.created + self.spec.timeout)
-        return min(dues) if dues else None

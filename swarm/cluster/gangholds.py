@@ -34,6 +34,7 @@ KEEP_FLOOR = 600.0  # seconds a gang's newest round is remembered without anythi
 
 
 class Phase(enum.Enum):
+    WAITING = "waiting"  # queued for room: holds nothing, keeps other gangs' prepares out
     HELD = "held"
     RUNNING = "running"
     ENDED = "ended"
@@ -54,14 +55,18 @@ class Entry:
     running: set[int] = attrs.field(factory=set)
     exited: dict[int, int] = attrs.field(factory=dict)
     seq: int = 0  # the newest renewal applied
+    prep_seq: int = 0  # the newest prepare applied
 
 
 class HoldBook:
     """The holds and running gang members of one node."""
 
-    def __init__(self, node: NodeId, max_holds: int = g.DEFAULT_MAX_HOLDS) -> None:
+    def __init__(
+        self, node: NodeId, max_holds: int = g.DEFAULT_MAX_HOLDS, max_waiting: int = 0
+    ) -> None:
         self.node = node
         self.max_holds = max_holds
+        self.max_waiting = max_waiting  # gangs queued for room here (0: refuse at once)
         self.entries: dict[str, Entry] = {}
         self.floor: dict[str, tuple[int, float]] = {}  # gang -> (lowest round accepted, when)
         self.refused = 0
@@ -132,40 +137,63 @@ class HoldBook:
         if msg.round < floor:
             return [g.Send(src, g.Refused(msg.gang, msg.round, "stale round"))]
         out: list[g.Instruction] = []
+        ttl = min(max(msg.hold_ttl, 0.0), MAX_TTL)
         e = self.entries.get(msg.gang)
         if e is not None and e.round == msg.round:
-            if e.phase is Phase.HELD:  # a duplicate: the same answer, the same deadline
-                return [g.Send(src, g.Granted(msg.gang, msg.round, e.port))]
+            fresh = msg.seq > e.prep_seq  # a later prepare; an older copy changes nothing
+            if fresh:
+                e.prep_seq = msg.seq
+            if e.phase is Phase.HELD:
+                if fresh:
+                    e.deadline = max(e.deadline, now + ttl)
+                return [g.Send(src, g.Granted(msg.gang, msg.round, e.port, e.prep_seq))]
+            if e.phase is Phase.WAITING and fresh:
+                e.deadline = now + ttl  # the home still asks: still first in line
+                return self._admit(now, src, e, room, ttl)
             return []
         if e is not None:  # an older round: the home has moved on
             out += self._drop(e, "a newer round of the gang")
         self.floor[msg.gang] = (msg.round, now)
+        first = next((w.gang for w in self.entries.values() if w.phase is Phase.WAITING), None)
+        if first is not None:
+            self.refused += 1
+            reason = f"gang {first} is waiting here for room"
+            return [*out, g.Send(src, g.Refused(msg.gang, msg.round, reason))]
+        slots = tuple(sorted(set(msg.slots)))
+        e = Entry(msg.gang, msg.round, src, slots, Phase.WAITING, now + ttl, port, prep_seq=msg.seq)
+        if self.holds() < self.max_holds and room >= len(slots):
+            self.entries[msg.gang] = e
+            return [*out, *self._admit(now, src, e, room, ttl)]
+        if self.max_waiting > 0 and room < len(slots):
+            self.entries[msg.gang] = e  # first in line (one waiting gang at most)
+            reason = f"room for {room} of {len(slots)}; first in line"
+            return [*out, g.Send(src, g.Queued(msg.gang, msg.round, msg.seq, reason))]
+        self.refused += 1
         if self.holds() >= self.max_holds:
-            self.refused += 1
-            return [
-                *out,
-                g.Send(src, g.Refused(msg.gang, msg.round, f"{self.max_holds} holds here already")),
-            ]
-        if room < len(msg.slots):
-            self.refused += 1
-            return [
-                *out,
-                g.Send(src, g.Refused(msg.gang, msg.round, f"room for {room} of {len(msg.slots)}")),
-            ]
-        ttl = min(max(msg.hold_ttl, 0.0), MAX_TTL)
-        self.entries[msg.gang] = Entry(
-            msg.gang, msg.round, src, tuple(sorted(set(msg.slots))), Phase.HELD, now + ttl, port
-        )
+            reason = f"{self.max_holds} holds here already"
+        else:
+            reason = f"room for {room} of {len(slots)}"
+        return [*out, g.Send(src, g.Refused(msg.gang, msg.round, reason))]
+
+    def _admit(
+        self, now: float, src: NodeId, e: Entry, room: int, ttl: float
+    ) -> list[g.Instruction]:
+        """A waiting (or new) entry becomes a hold if the room is there now."""
+        if self.holds() >= self.max_holds or room < len(e.slots):
+            reason = f"room for {room} of {len(e.slots)}; first in line"
+            return [g.Send(src, g.Queued(e.gang, e.round, e.prep_seq, reason))]
+        e.phase = Phase.HELD
+        e.deadline = now + ttl
         self.granted += 1
         return [
-            *out,
-            g.HoldChanged(msg.gang, msg.round),
-            g.Send(src, g.Granted(msg.gang, msg.round, port)),
+            g.HoldChanged(e.gang, e.round),
+            g.Send(src, g.Granted(e.gang, e.round, e.port, e.prep_seq)),
         ]
 
     def _commit(self, now: float, src: NodeId, msg: g.Commit) -> list[g.Instruction]:
         e = self.entries.get(msg.gang)
-        if e is None or e.round != msg.round or e.home != src:
+        waiting = e is not None and e.phase is Phase.WAITING
+        if e is None or e.round != msg.round or e.home != src or waiting:
             return [g.Send(src, g.Gone(msg.gang, msg.round, "no hold for this round"))]
         if e.phase is not Phase.HELD:  # a duplicate: answer again, change nothing
             return [g.Send(src, g.Started(msg.gang, msg.round, tuple(sorted(e.ranks))))]
@@ -186,7 +214,8 @@ class HoldBook:
 
     def _renew(self, now: float, src: NodeId, msg: g.Renew) -> list[g.Instruction]:
         e = self.entries.get(msg.gang)
-        if e is None or e.round != msg.round or e.home != src or e.phase is Phase.HELD:
+        held = e is not None and e.phase in (Phase.HELD, Phase.WAITING)
+        if e is None or e.round != msg.round or e.home != src or held:
             return [g.Send(src, g.Gone(msg.gang, msg.round, "nothing of this round runs here"))]
         if e.phase is Phase.RUNNING and msg.seq > e.seq:
             e.seq = msg.seq

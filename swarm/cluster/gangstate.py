@@ -32,6 +32,10 @@ class Share:
     slots: tuple[int, ...]
     asked_at: float | None = None  # the first prepare's send time
     last_sent: float = 0.0
+    next_seq: int = 0  # the next prepare's seq
+    sent: dict[int, float] = attrs.field(factory=dict)  # prepare seq -> when it was sent
+    hold_from: float = float("-inf")  # the hold lasts hold_ttl from at least this
+    queued_at: float | None = None  # the node put the round first in line for room
     granted: bool = False
     refused: bool = False
     port: int = 0
@@ -180,3 +184,32 @@ class GangRounds:
     @staticmethod
     def _fmt(failed: list[tuple[int, int]]) -> str:
         return ", ".join(f"rank {r} exited {c}" for r, c in failed) or "none exited 0"
+
+    def _renewed(self) -> list[Share]:
+        return [s for s in self.shares.values() if s.started and not s.gone and s.running]
+
+    def _woken(self, now: float, out: list[g.Instruction]) -> list[g.Instruction]:
+        due = self._next_due(now)
+        if due is not None:
+            out.append(g.WakeAt(due))
+        return out
+
+    def _next_due(self, now: float) -> float | None:
+        t = self.timers
+        dues = [a.last_sent + t.resend for a in self.aborting.values()]
+        if self.phase is Phase.WAITING and not self.asking:
+            dues.append(max(self.wait_until, self.lapse_until))
+        elif self.phase in (Phase.PREPARING, Phase.COMMITTING):
+            dues.append(now + min(t.resend, t.answer_timeout) / 2)
+        elif self.phase is Phase.RUNNING:
+            dues.append(self.last_renew + t.renew_every)
+            dues += [s.last_sent + t.resend for s in self._renewed() if s.awaiting]
+            # a member turns silent then (one already silent is judged by now)
+            dues += [
+                s.answer_at + t.ack_fresh
+                for s in self.shares.values()
+                if s.started and s.running and s.answer_at + t.ack_fresh > now
+            ]
+        if self.spec.timeout and not self.ever_ran and self.phase is not Phase.ENDED:
+            dues.append(self.created + self.spec.timeout)
+        return min(dues) if dues else None

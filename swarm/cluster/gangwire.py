@@ -23,6 +23,7 @@ _TAGS: dict[type, str] = {
     g.Renew: "renew",
     g.Abort: "abort",
     g.Granted: "granted",
+    g.Queued: "queued",
     g.Refused: "refused",
     g.Started: "started",
     g.Alive: "alive",
@@ -34,7 +35,7 @@ _TAGS: dict[type, str] = {
 def to_wire(msg: g.Message) -> dict[str, Any]:
     out: dict[str, Any] = {"t": _TAGS[type(msg)], "gang": msg.gang, "round": msg.round}
     if isinstance(msg, g.Prepare):
-        out.update(slots=list(msg.slots), ttl=msg.hold_ttl)
+        out.update(slots=list(msg.slots), ttl=msg.hold_ttl, seq=msg.seq)
     elif isinstance(msg, g.Commit):
         out.update(
             ranks=[[s, r] for s, r in sorted(msg.ranks.items())],
@@ -48,7 +49,9 @@ def to_wire(msg: g.Message) -> dict[str, Any]:
     elif isinstance(msg, (g.Abort, g.Refused, g.Gone)):
         out["reason"] = msg.reason
     elif isinstance(msg, g.Granted):
-        out["port"] = msg.port
+        out.update(port=msg.port, seq=msg.seq)
+    elif isinstance(msg, g.Queued):
+        out.update(seq=msg.seq, reason=msg.reason)
     elif isinstance(msg, g.Started):
         out["slots"] = list(msg.slots)
     elif isinstance(msg, g.Alive):
@@ -71,7 +74,8 @@ def from_wire(obj: Any) -> g.Message:
         slots = _slots(f.list("slots", required=True), what, "slots")
         if not slots:
             raise wire.SchemaError(f"{what}: field 'slots' is empty")
-        msg = g.Prepare(gang, rnd, slots, f.float("ttl", required=True, lo=0.0, hi=MAX_TTL))
+        ttl = f.float("ttl", required=True, lo=0.0, hi=MAX_TTL)
+        msg = g.Prepare(gang, rnd, slots, ttl, f.int("seq", 0, lo=0, hi=MAX_ROUND))
     elif tag == "commit":
         ranks = _pairs(f.list("ranks", required=True), what, "ranks")
         world = f.int("world", required=True, lo=1, hi=g.MAX_GANG)
@@ -90,7 +94,11 @@ def from_wire(obj: Any) -> g.Message:
         cls = {"abort": g.Abort, "refused": g.Refused, "gone": g.Gone}[tag]
         msg = cls(gang, rnd, reason)
     elif tag == "granted":
-        msg = g.Granted(gang, rnd, f.int("port", 0, lo=0, hi=MAX_PORT))
+        port = f.int("port", 0, lo=0, hi=MAX_PORT)
+        msg = g.Granted(gang, rnd, port, f.int("seq", 0, lo=0, hi=MAX_ROUND))
+    elif tag == "queued":
+        seq = f.int("seq", 0, lo=0, hi=MAX_ROUND)
+        msg = g.Queued(gang, rnd, seq, f.str("reason", "", max_len=MAX_REASON))
     elif tag == "started":
         msg = g.Started(gang, rnd, _slots(f.list("slots", required=True), what, "slots"))
     elif tag == "alive":

@@ -85,6 +85,7 @@ class GangNet:
         net: NetConfig = NetConfig(),
         max_holds: int = g.DEFAULT_MAX_HOLDS,
         check: bool = True,
+        max_waiting: int = 0,
     ) -> None:
         self.capacity = dict(capacity)
         self.rng = rng
@@ -93,7 +94,7 @@ class GangNet:
         self.check = check
         self.now = 0.0
         self.alive = set(capacity)
-        self.books = {n: HoldBook(n, max_holds) for n in capacity}
+        self.books = {n: HoldBook(n, max_holds, max_waiting) for n in capacity}
         self.used = {n: 0 for n in capacity}  # slots running members
         self.gangs: dict[str, GangRun] = {}
         self.members: list[Member] = []
@@ -236,7 +237,8 @@ class GangNet:
         self.alive.discard(node)
         for m in [m for run in self.gangs.values() for m in run.running.values() if m.node == node]:
             self._stop_member(m, None)
-        self.books[node] = HoldBook(node, self.books[node].max_holds)
+        old = self.books[node]
+        self.books[node] = HoldBook(node, old.max_holds, old.max_waiting)
         self._at(self.now + self.net.detect, "dead", node)
 
     def _ev_dead(self, node: NodeId) -> None:

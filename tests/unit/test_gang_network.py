@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,11 +28,21 @@ from swarm.sim.gangnet import GangNet, InvariantBroken, NetConfig
 T = g.Timers(hold_ttl=2.0, run_ttl=3.0, max_delay=0.5)
 
 
+TQ = attrs.evolve(T, queue_wait=1.5)
+
+
 def competing(
-    seed: int, gangs: int, nodes: int, size: int, net: NetConfig, run_time: float = 2.0
+    seed: int,
+    gangs: int,
+    nodes: int,
+    size: int,
+    net: NetConfig,
+    run_time: float = 2.0,
+    line: bool = False,
 ) -> GangNet:
     rng = random.Random(seed)
-    gn = GangNet({f"n{i}": 1 for i in range(nodes)}, rng, T, net)
+    nodes_ = {f"n{i}": 1 for i in range(nodes)}
+    gn = GangNet(nodes_, rng, TQ if line else T, net, max_waiting=1 if line else 0)
     for k in range(gangs):
         gn.submit(rng.uniform(0.0, 0.01), g.GangSpec(f"g{k}", size), f"n{k}", lambda s: run_time)
     return gn
@@ -45,15 +56,16 @@ def test_gangs_whose_members_end_at_once_still_run_and_end_well() -> None:
         assert all(r.ended is not None and r.ended.ok for r in gn.gangs.values()), seed
 
 
-@pytest.mark.parametrize("gangs", [2, 3])
-def test_competing_gangs_always_make_progress(gangs: int) -> None:
+@pytest.mark.parametrize(("gangs", "line"), [(2, False), (3, False), (2, True), (3, True)])
+def test_competing_gangs_always_make_progress(gangs: int, line: bool) -> None:
     """1,000 seeds each: two or three 4-member strict gangs submitted at once on 6
     one-slot nodes (room for one gang at a time), with 1% loss, 2% duplicates and
-    reordering. Every gang runs and ends well within the horizon."""
+    reordering; with and without nodes that keep a gang first in line for room.
+    Every gang runs and ends well within the horizon."""
     net = NetConfig(delay_lo=0.0005, delay_hi=0.02, loss=0.01, dup=0.02)
     worst = 0.0
     for seed in range(1000):
-        gn = competing(seed, gangs, 6, 4, net)
+        gn = competing(seed, gangs, 6, 4, net, line=line)
         gn.run(200.0)
         for run in gn.gangs.values():
             assert run.ended is not None and run.ended.ok, (
@@ -153,6 +165,7 @@ def test_a_strict_gang_with_restart_runs_again_as_a_whole() -> None:
     size=st.integers(1, 5),
     nonstrict=st.booleans(),
     kills=st.lists(st.tuples(st.floats(0.0, 20.0), st.integers(0, 6)), max_size=3),
+    line=st.booleans(),
     cancels=st.lists(st.tuples(st.floats(0.0, 20.0), st.integers(0, 3)), max_size=2),
 )
 def test_invariants_hold_under_loss_duplicates_reordering_and_deaths(
@@ -165,10 +178,12 @@ def test_invariants_hold_under_loss_duplicates_reordering_and_deaths(
     nonstrict: bool,
     kills: list[tuple[float, int]],
     cancels: list[tuple[float, int]],
+    line: bool,
 ) -> None:
     rng = random.Random(seed)
     net = NetConfig(delay_lo=0.0005, delay_hi=spread, loss=loss, dup=dup, detect=1.0)
-    gn = GangNet({f"n{i}": rng.choice([1, 2]) for i in range(7)}, rng, T, net)
+    capacity = {f"n{i}": rng.choice([1, 2]) for i in range(7)}
+    gn = GangNet(capacity, rng, TQ if line else T, net, max_waiting=1 if line else 0)
     for k in range(gangs):
         mode = g.Mode.NONSTRICT if nonstrict and k % 2 else g.Mode.STRICT
         spec = g.GangSpec(

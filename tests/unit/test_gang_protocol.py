@@ -113,6 +113,51 @@ def test_duplicates_and_stale_rounds_create_nothing() -> None:
     assert isinstance(late, g.Refused) and book.held_slots() == 0
 
 
+def test_a_later_prepare_keeps_a_hold_an_older_copy_does_not() -> None:
+    book = HoldBook("n1")
+    book.on_message(0.0, "h", g.Prepare(G, 1, (0,), 5.0, seq=0), room=4)
+    out = book.on_message(3.0, "h", g.Prepare(G, 1, (0,), 5.0, seq=1), room=0)
+    assert sends(out) == [("h", g.Granted(G, 1, 0, 1))] and book.entries[G].deadline == 8.0
+    book.on_message(4.0, "h", g.Prepare(G, 1, (0,), 5.0, seq=1), room=0)  # a late copy
+    assert book.entries[G].deadline == 8.0
+
+
+def test_first_in_line_keeps_other_gangs_out_until_its_room_is_there() -> None:
+    book = HoldBook("n1", max_waiting=1)
+    out = book.on_message(0.0, "h", g.Prepare(G, 1, (0, 1), 5.0), room=1)
+    [(_, q)] = sends(out)
+    assert isinstance(q, g.Queued) and "first in line" in q.reason and book.held_slots() == 0
+    # another gang that would fit is refused while G waits; so is a second waiter
+    other = "g0000000000000009"
+    [(_, r)] = sends(book.on_message(0.1, "h2", g.Prepare(other, 1, (0,), 5.0), room=1))
+    assert isinstance(r, g.Refused) and f"gang {G} is waiting here" in r.reason
+    # a commit finds no hold
+    [(_, gone)] = sends(book.on_message(0.2, "h", g.Commit(G, 1, {0: 0, 1: 1}, 2, "n1", 0, 15.0)))
+    assert isinstance(gone, g.Gone)
+    # the home asks again (a later seq); the room is there now
+    out = book.on_message(1.0, "h", g.Prepare(G, 1, (0, 1), 5.0, seq=1), room=2)
+    assert sends(out) == [("h", g.Granted(G, 1, 0, 1))] and book.held_slots() == 2
+    assert only(out, g.HoldChanged)
+
+
+def test_a_waiting_gang_whose_home_stops_asking_leaves_the_line() -> None:
+    book = HoldBook("n1", max_waiting=1)
+    book.on_message(0.0, "h", g.Prepare(G, 1, (0, 1), 5.0), room=0)
+    book.on_message(2.0, "h", g.Prepare(G, 1, (0, 1), 5.0, seq=1), room=0)  # still waits
+    assert book.tick(6.9) and G in book.entries
+    book.tick(7.0)
+    assert G not in book.entries
+    other = "g0000000000000009"
+    [(_, ok)] = sends(book.on_message(7.1, "h2", g.Prepare(other, 1, (0,), 5.0), room=1))
+    assert isinstance(ok, g.Granted)
+
+
+def test_without_a_line_no_room_is_refused_at_once() -> None:
+    book = HoldBook("n1")  # max_waiting 0, the default
+    [(_, r)] = sends(book.on_message(0.0, "h", g.Prepare(G, 1, (0,), 5.0), room=0))
+    assert isinstance(r, g.Refused) and G not in book.entries
+
+
 def test_a_commit_starts_the_held_members_under_a_run_lease() -> None:
     book = HoldBook("n1")
     prep(book, 0.0, slots=(2, 5))
@@ -241,9 +286,45 @@ def test_a_silent_node_is_asked_again_then_counts_as_refused() -> None:
     c = coord(2)
     start_round(c, 0.0, ["n1", "n2"])
     out = c.tick(T.resend)
-    assert sends(out) == [("n1", g.Prepare(G, 1, (0,), T.hold_ttl))]
+    assert sends(out) == [("n1", g.Prepare(G, 1, (0,), T.hold_ttl, seq=1))]
     out = c.tick(T.answer_timeout)
     assert c.phase is Phase.WAITING and "no answer" in c.why
+
+
+def test_a_round_first_in_line_asks_again_keeps_its_holds_and_gives_up_in_time() -> None:
+    t = g.Timers(queue_wait=3.0)
+    c = Coordinator(g.GangSpec(G, 2), "h", 0.0, random.Random(1), t)
+    c.tick(0.0)
+    c.on_targets(0.0, ["n1", "n2"])
+    c.on_message(0.01, "n1", g.Granted(G, 1, 0, 0))
+    c.on_message(0.02, "n2", g.Queued(G, 1, 0, "room for 0 of 1; first in line"))
+    assert c.phase is Phase.PREPARING and "first in line" in c.why
+    out = c.tick(0.02 + t.resend)
+    assert sends(out) == [("n2", g.Prepare(G, 1, (1,), t.hold_ttl, seq=1))]  # asks again
+    out = c.tick(t.hold_ttl / 3 + 0.01)
+    assert ("n1", g.Prepare(G, 1, (0,), t.hold_ttl, seq=1)) in sends(out)  # keeps n1's hold
+    c.on_message(t.hold_ttl / 3 + 0.02, "n1", g.Granted(G, 1, 0, 1))
+    assert c.shares["n1"].hold_from == pytest.approx(t.hold_ttl / 3 + 0.01)
+    c.tick(3.0)
+    assert c.phase is Phase.PREPARING
+    c.tick(3.02)
+    assert c.phase is Phase.WAITING and "waited 3 s for room at n2" in c.why
+
+    # granted while in line: the round goes on to its commit
+    c = Coordinator(g.GangSpec(G, 2), "h", 0.0, random.Random(1), t)
+    c.tick(0.0)
+    c.on_targets(0.0, ["n1", "n2"])
+    c.on_message(0.01, "n1", g.Granted(G, 1))
+    c.on_message(0.02, "n2", g.Queued(G, 1))
+    out = c.on_message(1.0, "n2", g.Granted(G, 1, 0, 3))
+    assert {n for n, m in sends(out) if isinstance(m, g.Commit)} == {"n1", "n2"}
+
+
+def test_a_home_that_does_not_wait_in_line_takes_queued_as_refused() -> None:
+    c = coord(2)  # queue_wait 0
+    start_round(c, 0.0, ["n1", "n2"])
+    c.on_message(0.01, "n1", g.Queued(G, 1, 0, "room for 0 of 1"))
+    assert c.phase is Phase.WAITING and "room for 0 of 1" in c.why
 
 
 def test_renewals_go_only_while_the_gang_is_whole() -> None:
@@ -383,7 +464,9 @@ def test_a_commit_gone_fails_a_strict_round() -> None:
         g.Commit(G, 2, {0: 0, 3: 3}, 4, "n2", 29500, 15.0),
         g.Renew(G, 2, 7, 15.0),
         g.Abort(G, 2, "x"),
-        g.Granted(G, 2, 29500),
+        g.Granted(G, 2, 29500, 4),
+        g.Queued(G, 2, 3, "room for 0 of 2; first in line"),
+        g.Prepare(G, 2, (1,), 5.0, 7),
         g.Refused(G, 2, "busy"),
         g.Started(G, 2, (0, 3)),
         g.Alive(G, 2, (0,), {3: -9}),

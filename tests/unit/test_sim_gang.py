@@ -47,6 +47,9 @@ def test_the_leaderless_run_is_deterministic_and_starts_every_job() -> None:
     c = gs.run_central(cfg, jobs)
     # the same work is done in both; only when it starts differs
     assert abs(a.utilisation - c.utilisation) < 0.1
+    line = gs.run_swarm(cfg, jobs, line=3.0)
+    assert line.policy == gs.SWARM_LINE and line.unfinished == 0
+    assert line == gs.run_swarm(cfg, jobs, line=3.0)
 
 
 def test_a_poke_ends_a_back_off_for_want_of_room_but_not_one_after_a_failed_round() -> None:
