@@ -1,15 +1,18 @@
 """A node's holds for gangs (issue 22, pure): grant, start, renew, lapse, abort.
 
 Every node keeps one `HoldBook`. For each gang it has at most one round's share: a
-*hold* (resources kept for the members, until `hold_ttl` after the grant), then the
-*running* members (under a run lease that the gang's home renews), then an *ended*
-record kept a little while so the home can read the exit codes.
+*hold* (resources kept for the members, until `hold_ttl` after the latest prepare of
+the round), then the *running* members (under a run lease that the gang's home
+renews), then an *ended* record kept a little while so the home can read the exit
+codes. With `max_waiting` > 0 a share may first be *waiting*: first in line for room.
 
 Rules (see gang.py for the whole protocol):
 
 - Prepares are answered in arrival order and never wait: granted when the members fit
   (`room`, from the caller's ledger, which counts the holds) and fewer than
-  `max_holds` holds are uncommitted here; refused otherwise.
+  `max_holds` holds are uncommitted here; refused otherwise, or (`max_waiting`, off
+  by default) answered `queued`, the gang first in line and other gangs refused
+  until a later prepare of its round finds the room.
 - A round older than the newest one seen for the gang, or one the home aborted, is
   refused (prepare) or answered `gone` (commit, renewal): late duplicates create
   nothing. A newer round's prepare ends whatever an older round left here.
