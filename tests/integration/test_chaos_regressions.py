@@ -10,7 +10,7 @@ import io
 import itertools
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,14 @@ async def test_a_slow_drain_does_not_land_after_the_undrain_that_followed_it(
         agent.request_stop()
 
 
+async def _settle_until(done: Callable[[], bool], wall: float = 30.0) -> None:
+    """Settle until `done()` or `wall` real seconds (a loaded machine may take seconds
+    for the journal's thread work; a count of rounds was a flake under load)."""
+    end = time.monotonic() + wall
+    while not done() and time.monotonic() < end:
+        await _settle_threads(1)
+
+
 async def _settle_threads(rounds: int = 5) -> None:
     """Let worker threads (journal writes) and the tasks waiting on them run, without
     touching trio's clock (the test runs on a clock that never moves)."""
@@ -216,22 +224,24 @@ async def test_global_tasks_held_by_a_drained_cluster_start_at_the_undrain(
     spec = m.TaskSpec(id="tglobal", argv=("true",), is_global=True, home="n1", cwd="/")
     peer = m.LoadReport(node="n2", version=1, shares=0)
     async with trio.open_nursery() as nursery:
-        await nursery.start(table.journal.run)
-        await nursery.start(runner.run)
-        await nursery.start(coord.run)
-        coord.on_event(LoadUpdated(peer, 0.0))
-        await coord.globals_io.add(spec)
-        await _settle_threads()
-        assert table.get_cached(spec.id) is None  # no node has shares: held back
-        # a peer undrains: its report says so
-        coord.on_event(LoadUpdated(attrs.evolve(peer, version=2, shares=1024), 0.0))
-        for _ in range(100):
-            await _settle_threads(1)
-            if table.get_cached(spec.id) is not None:
-                break
-        t = table.get_cached(spec.id)
-        assert t is not None, "the global task did not start when a peer undrained"
-        nursery.cancel_scope.cancel()
+        try:
+            await nursery.start(table.journal.run)
+            await nursery.start(runner.run)
+            await nursery.start(coord.run)
+            coord.on_event(LoadUpdated(peer, 0.0))
+            await coord.globals_io.add(spec)
+            await _settle_threads()
+            assert table.get_cached(spec.id) is None  # no node has shares: held back
+            # a peer undrains: its report says so
+            coord.on_event(LoadUpdated(attrs.evolve(peer, version=2, shares=1024), 0.0))
+            await _settle_until(lambda: table.get_cached(spec.id) is not None)
+            t = table.get_cached(spec.id)
+            assert t is not None, "the global task did not start when a peer undrained"
+        finally:
+            # this clock never moves by itself: let the shutdown's timers run, or a
+            # failed assertion above would hang the cancel for ever
+            mock_clock.autojump_threshold = 0
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_local_undrain_starts_held_global_tasks(
@@ -240,20 +250,20 @@ async def test_a_local_undrain_starts_held_global_tasks(
     table, runner, ledger, coord = node_with_driver(tmp_path, shares=0, slots=2)
     spec = m.TaskSpec(id="tglobal2", argv=("true",), is_global=True, home="n1", cwd="/")
     async with trio.open_nursery() as nursery:
-        await nursery.start(table.journal.run)
-        await nursery.start(runner.run)
-        await nursery.start(coord.run)
-        await coord.globals_io.add(spec)
-        await _settle_threads()
-        assert table.get_cached(spec.id) is None
-        ledger.set_shares(1024)
-        coord.shares_changed()  # what `swarm undrain` calls
-        for _ in range(100):
-            await _settle_threads(1)
-            if table.get_cached(spec.id) is not None:
-                break
-        assert table.get_cached(spec.id) is not None, "not started at the local undrain"
-        nursery.cancel_scope.cancel()
+        try:
+            await nursery.start(table.journal.run)
+            await nursery.start(runner.run)
+            await nursery.start(coord.run)
+            await coord.globals_io.add(spec)
+            await _settle_threads()
+            assert table.get_cached(spec.id) is None
+            ledger.set_shares(1024)
+            coord.shares_changed()  # what `swarm undrain` calls
+            await _settle_until(lambda: table.get_cached(spec.id) is not None)
+            assert table.get_cached(spec.id) is not None, "not started at the local undrain"
+        finally:
+            mock_clock.autojump_threshold = 0  # as above: never hang the cancel
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_home_that_restarted_mid_offer_places_the_task_again_when_it_fails(
