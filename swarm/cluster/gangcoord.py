@@ -204,8 +204,6 @@ class Coordinator(GangRounds):
     def _on_queued(self, now: float, share: Share, msg: g.Queued) -> list[g.Instruction]:
         if self.phase is not Phase.PREPARING or share.node != self.order[self.next_ask]:
             return []
-        if share.granted:
-            return []
         if self.timers.queue_wait <= 0:
             return self._on_refused(now, share, msg.reason or "no room")
         if share.queued_at is None:
@@ -244,21 +242,16 @@ class Coordinator(GangRounds):
         self.ranks = {slot: (slot if strict else i) for i, slot in enumerate(slots)}
         self.world = len(slots)
         master = next(s for s in granted if any(self.ranks[x] == 0 for x in s.slots))
+        self.master = (master.node, master.port)
         self.phase = Phase.COMMITTING
         self.why = f"round {self.round}: committing {self.world} members"
         out: list[g.Instruction] = []
         for s in granted:
             s.committed_at = now
-            out += self._send_commit(now, s, master)
+            out += self._send_commit(now, s)
         return out
 
-    def _send_commit(
-        self, now: float, s: Share, master: Share | None = None
-    ) -> list[g.Instruction]:
-        if master is None:
-            master = next(
-                x for x in self.shares.values() if any(self.ranks.get(y) == 0 for y in x.slots)
-            )
+    def _send_commit(self, now: float, s: Share) -> list[g.Instruction]:
         s.last_sent = now
         self.lease_sent = now
         ranks = {slot: self.ranks[slot] for slot in s.slots}
@@ -267,8 +260,7 @@ class Coordinator(GangRounds):
             self.round,
             ranks,
             self.world,
-            master.node,
-            master.port,
+            *self.master,
             self.timers.run_ttl,
         )
         return [g.Send(s.node, msg)]
@@ -322,11 +314,10 @@ class Coordinator(GangRounds):
     # ------------------------------------------------------------------ running
 
     def _on_alive(self, now: float, share: Share, msg: g.Alive) -> list[g.Instruction]:
-        if self.phase is Phase.COMMITTING and share.committed_at is not None and not share.started:
-            share.started = True
-            share.running = frozenset(msg.running) & frozenset(share.slots)
         if not share.started:
-            return []
+            if self.phase is not Phase.COMMITTING or share.committed_at is None:
+                return []
+            share.started = True  # its `started` was lost or is late: this says as much
         share.answer_at = now
         share.awaiting = False
         share.running = frozenset(msg.running) & frozenset(share.slots)

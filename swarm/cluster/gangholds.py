@@ -24,7 +24,6 @@ Rules (see gang.py for the whole protocol):
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 
 import attrs
 
@@ -76,6 +75,7 @@ class HoldBook:
         self.granted = 0
         self.lapsed_holds = 0
         self.lapsed_runs = 0
+        self.prune_at = 0.0  # the next look for forgotten floors (not on every stimulus)
 
     # ------------------------------------------------------------------ reads
 
@@ -140,7 +140,7 @@ class HoldBook:
         if msg.round < floor:
             return [g.Send(src, g.Refused(msg.gang, msg.round, "stale round"))]
         out: list[g.Instruction] = []
-        ttl = min(max(msg.hold_ttl, 0.0), MAX_TTL)
+        ttl = _ttl(msg.hold_ttl)
         e = self.entries.get(msg.gang)
         if e is not None and e.round == msg.round:
             fresh = msg.seq > e.prep_seq  # a later prepare; an older copy changes nothing
@@ -208,7 +208,7 @@ class HoldBook:
         e.ranks = ranks
         e.running = set(ranks)
         e.slots = tuple(sorted(ranks))
-        e.deadline = now + min(max(msg.run_ttl, 0.0), MAX_TTL)
+        e.deadline = now + _ttl(msg.run_ttl)
         return [
             g.HoldChanged(msg.gang, msg.round),
             g.StartMembers(msg.gang, msg.round, dict(ranks), msg.world, msg.master, msg.port),
@@ -222,12 +222,11 @@ class HoldBook:
             return [g.Send(src, g.Gone(msg.gang, msg.round, "nothing of this round runs here"))]
         if e.phase is Phase.RUNNING and msg.seq > e.seq:
             e.seq = msg.seq
-            e.deadline = max(e.deadline, now + min(max(msg.run_ttl, 0.0), MAX_TTL))
+            e.deadline = max(e.deadline, now + _ttl(msg.run_ttl))
         return [g.Send(src, self._alive(e))]
 
     def _abort(self, now: float, src: NodeId, msg: g.Abort) -> list[g.Instruction]:
-        floor, _ = self.floor.get(msg.gang, (0, now))
-        self.floor[msg.gang] = (max(floor, msg.round + 1), now)
+        self._raise_floor(msg.gang, msg.round + 1, now)
         out: list[g.Instruction] = []
         e = self.entries.get(msg.gang)
         if e is not None and e.round <= msg.round:
@@ -253,13 +252,19 @@ class HoldBook:
                 self.lapsed_holds += 1
             elif e.phase is Phase.RUNNING:
                 self.lapsed_runs += 1
-                floor, _ = self.floor.get(e.gang, (0, now))
-                self.floor[e.gang] = (max(floor, e.round + 1), now)
+                self._raise_floor(e.gang, e.round + 1, now)
             out += self._drop(e, "its run lease lapsed (the gang's home stopped renewing)")
-        for gang, (_, when) in list(self.floor.items()):
-            if gang not in self.entries and now - when > KEEP_FLOOR:
-                del self.floor[gang]
+        if now >= self.prune_at:
+            self.prune_at = now + KEEP_FLOOR / 10
+            for gang, (_, when) in list(self.floor.items()):
+                if gang not in self.entries and now - when > KEEP_FLOOR:
+                    del self.floor[gang]
         return out
+
+    def _raise_floor(self, gang: str, lowest: int, now: float) -> None:
+        """Rounds below `lowest` of `gang` are refused from now on."""
+        floor, _ = self.floor.get(gang, (0, now))
+        self.floor[gang] = (max(floor, lowest), now)
 
     def _woken(self, out: list[g.Instruction]) -> list[g.Instruction]:
         nxt = self.next_deadline()
@@ -268,7 +273,6 @@ class HoldBook:
         return out
 
 
-def ranks_of(entries: Mapping[str, Entry], gang: str) -> dict[int, int]:
-    """slot -> rank of a gang's members running here (for `swarm ps` and tests)."""
-    e = entries.get(gang)
-    return dict(e.ranks) if e is not None and e.phase is Phase.RUNNING else {}
+def _ttl(seconds: float) -> float:
+    """A ttl from a peer, bounded: never negative, never past MAX_TTL."""
+    return min(max(seconds, 0.0), MAX_TTL)

@@ -87,6 +87,7 @@ class GangRounds:
         self.next_ask = 0
         self.ranks: dict[int, int] = {}  # slot -> rank of the committed round
         self.world = 0
+        self.master: tuple[NodeId, int] = ("", 0)  # rank 0's node and its port
         self.ever_ran = False
         self.renew_seq = 0
         self.last_renew = now
@@ -110,7 +111,8 @@ class GangRounds:
             )
         if ran:
             self.failures = 0
-        return out + self._back_off(now)
+        self._back_off(now)
+        return out
 
     def _abort_round(self, now: float, reason: str) -> list[g.Instruction]:
         """Abort everything the current round asked for; leases it gave must lapse (or
@@ -121,10 +123,11 @@ class GangRounds:
         for s in self.shares.values():
             if s.asked_at is None:
                 continue
+            # a hold lasts hold_ttl from the arrival of the last prepare sent to it
             until = (
                 self.lease_sent + t.lapse_wait()
                 if s.committed_at is not None
-                else s.asked_at + t.hold_ttl + t.max_delay
+                else s.last_sent + t.hold_ttl + t.max_delay
             )
             self.aborting[s.node] = Aborting(self.round, until, now)
             out.append(g.Send(s.node, g.Abort(self.spec.gang, self.round, reason)))
@@ -151,14 +154,13 @@ class GangRounds:
         self._maybe_lapsed(now)
         return out
 
-    def _back_off(self, now: float) -> list[g.Instruction]:
+    def _back_off(self, now: float) -> None:
         t = self.timers
         delay = min(t.backoff_cap, t.backoff_base * 2**self.failures) * self.rng.uniform(0.5, 1.5)
         self.failures = min(self.failures + 1, 30)
         self.phase = Phase.WAITING
         self.wait_until = now + delay
         self.no_room = False
-        return []
 
     def _end(
         self, now: float, ok: bool, reason: str, exits: dict[int, int] | None = None
