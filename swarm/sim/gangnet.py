@@ -107,7 +107,6 @@ class GangNet:
         self.messages = 0
         self.view: dict[NodeId, int] = {}
         self.view_at = float("-inf")
-        self.busy_slot_seconds = 0.0  # running members x time
         self.held_slot_seconds = 0.0
         self._last_account = 0.0
 
@@ -147,9 +146,6 @@ class GangNet:
         if self.check:
             for run in self.gangs.values():
                 self._partial(run)
-
-    def idle(self) -> bool:
-        return all(r.ended is not None or r.home not in self.alive for r in self.gangs.values())
 
     # ------------------------------------------------------------------ events
 
@@ -341,7 +337,6 @@ class GangNet:
     def _account(self, t: float) -> None:
         dt = t - self._last_account
         if dt > 0:
-            self.busy_slot_seconds += dt * sum(self.used.values())
             self.held_slot_seconds += dt * sum(b.held_slots() for b in self.books.values())
             self._last_account = t
 

@@ -41,6 +41,7 @@ from ..cluster import gang as g
 from . import plots
 from .gangnet import GangNet, NetConfig
 from .report import Outcome, Table, mean_ci
+from .simconfig import quantile
 
 SIZES = (2, 4, 8, 16)
 SEEDS = 5
@@ -116,10 +117,7 @@ def trace(cfg: GangTraceConfig) -> list[Job]:
 
 
 def _p95(xs: list[float]) -> float:
-    if not xs:
-        return math.nan
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.95 * len(s)))]
+    return quantile(sorted(xs), 0.95)
 
 
 def _mean(xs: list[float]) -> float:
@@ -322,7 +320,7 @@ def _figure(out: Path, cells: dict[tuple[float, float], dict[str, list[GangResul
     )
 
 
-def _ratio(cells: Cells, load: float, share: float, field: str) -> tuple[float, float]:
+def _gap(cells: Cells, load: float, share: float, field: str) -> tuple[float, float]:
     sw, ce = cells[(load, share)][SWARM], cells[(load, share)][CENTRAL]
     return mean_ci([getattr(a, field) - getattr(b, field) for a, b in zip(sw, ce, strict=True)])
 
@@ -341,9 +339,9 @@ Module: `swarm.sim.gangsim`. Command: `swarm sim gang --out docs/experiments`.
     lines = []
     for load in LOADS:
         for share in SHARES:
-            du = _ratio(cells, load, share, "utilisation")
-            dg = _ratio(cells, load, share, "gang_wait_mean")
-            ds = _ratio(cells, load, share, "single_wait_mean")
+            du = _gap(cells, load, share, "utilisation")
+            dg = _gap(cells, load, share, "gang_wait_mean")
+            ds = _gap(cells, load, share, "single_wait_mean")
             lines.append(
                 f"| {load} | {100 * share:.0f} % | {100 * du[0]:+.1f} +- {100 * du[1]:.1f} | "
                 f"{dg[0]:+.2f} +- {dg[1]:.2f} | {ds[0]:+.2f} +- {ds[1]:.2f} |"
