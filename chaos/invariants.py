@@ -74,6 +74,14 @@ RETRY_RECORDED = "rerun-in-record"
 VISIBLE = "final-state-visible-everywhere"
 EVERY_RUN = (AT_MOST_ONCE, UNRECORDED, CANCEL, RETRY_RECORDED, VISIBLE)  # issue 19's
 
+# issue 22 (gangs), in the gang scenario, from the members' timed marks (a beat every
+# 0.2 s): no stretch in which some members of one start of a strict gang run and others
+# do not outlasts the protocol's bound (cluster/gang.py `Timers.partial_bound`, 27.15 s
+# at the defaults) plus one second for the marks' spacing and the processes' own starts
+GANG_PARTIAL = "no-partial-strict-gang-past-its-lease"
+# a gang recorded as succeeded ran every member of one start to its end
+GANG_WHOLE = "succeeded-gang-ran-whole"
+
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
 TERMINAL = frozenset(s.value for s in m.TERMINAL_STATES)
@@ -99,6 +107,8 @@ class Acked:
     is_global: bool = False
     constraints: tuple[str, ...] = ()  # as submitted
     at_most_once: bool = False  # `swarm submit --at-most-once`
+    gang: int = 0  # `swarm submit --gang N`: its members' marks are under ID.RANK[.RUN]
+    strict: bool = True  # a gang's mode
 
 
 @attrs.frozen
@@ -241,7 +251,7 @@ def check_executed(
     """A task recorded as succeeded ran at least once (its process left a mark)."""
     out = []
     for a in acked:
-        if a.is_global:
+        if a.is_global or a.gang:  # a gang runs as its members (check_gangs)
             continue
         where = authority(a, journals)
         j = journals.get(where)
@@ -336,8 +346,8 @@ def check_drain(
             continue
         for r in runs_on(j):
             spec = specs.get(r.task_id)
-            if spec is None or spec.is_global:
-                continue
+            if spec is None or spec.is_global or spec.gang is not None:
+                continue  # a gang's own record runs no process (its members do)
             last = None
             for e in evs:
                 if e.at <= r.start:
@@ -367,7 +377,11 @@ def check_reservations(
     for node, j in journals.items():
         evs = sorted(j.shares, key=lambda e: (e.at, e.seq))
         initial = initial_shares.get(node, m.DEFAULT_SHARES)
-        runs = [r for r in runs_on(j) if (s := specs.get(r.task_id)) and not s.is_global]
+        runs = [
+            r
+            for r in runs_on(j)
+            if (s := specs.get(r.task_id)) and not s.is_global and s.gang is None
+        ]
         for r in runs:
             spec = specs[r.task_id]
             held = [
@@ -1288,3 +1302,89 @@ def check_visible(
             shown = ", ".join(f"{n} {s}" for n, s in sorted(by_node.items()))
             out.append(Violation(VISIBLE, "", f"task {tid}: status answers {shown}"))
     return out
+
+
+def gang_starts(gang: str, spans: Mapping[str, Sequence[Span]]) -> dict[str, dict[int, Span]]:
+    """One gang's members from their marks: start (the member ids' RUN part, "1" for
+    the first) -> rank -> the member's process span (its first beat to its last)."""
+    out: dict[str, dict[int, Span]] = {}
+    base, _, owner = gang.partition("~")
+    for tid, runs in spans.items():
+        rest, _, owner2 = tid.partition("~")
+        if (owner2 != owner) or not rest.startswith(base + ".") or not runs:
+            continue
+        parts = rest[len(base) + 1 :].split(".")
+        if not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
+            continue
+        start = parts[1] if len(parts) == 2 else "1"
+        first = min(r.first for r in runs)
+        last = max(r.last for r in runs)
+        out.setdefault(start, {})[int(parts[0])] = Span(runs[0].node, runs[0].pid, first, last)
+    return out
+
+
+def longest_partial(members: Mapping[int, Span], size: int) -> tuple[float, float]:
+    """The longest stretch in which some but not all `size` members ran: (seconds,
+    from when). A member with no marks never ran: the others' whole run is partial."""
+    edges = sorted(
+        [(s.first, 1) for s in members.values()] + [(s.last, -1) for s in members.values()]
+    )
+    best, since, at, running = 0.0, None, 0.0, 0
+    for t, d in edges:
+        running += d
+        partial = 0 < running < size
+        if partial and since is None:
+            since = t
+        elif not partial and since is not None:
+            if t - since > best:
+                best, at = t - since, since
+            since = None
+    return best, at
+
+
+def check_gangs(
+    acked: Iterable[Acked],
+    spans: Mapping[str, Sequence[Span]],
+    journals: Mapping[str, JournalData],
+    bound: float,
+) -> tuple[list[Violation], dict[str, Any]]:
+    """Issue 22's checks (GANG_PARTIAL, GANG_WHOLE); also figures for the notes."""
+    out: list[Violation] = []
+    figs: dict[str, Any] = {
+        "gangs": 0, "starts": 0, "members": 0, "worst_partial_s": 0.0, "spread_s": 0.0
+    }  # fmt: skip
+    states: Counter[str] = Counter()
+    for a in acked:
+        if not a.gang:
+            continue
+        figs["gangs"] += 1
+        starts = gang_starts(a.id, spans)
+        for run, members in starts.items():
+            figs["starts"] += 1
+            figs["members"] += len(members)
+            firsts = [s.first for s in members.values()]
+            figs["spread_s"] = max(figs["spread_s"], max(firsts) - min(firsts))
+            if not a.strict:
+                continue
+            worst, since = longest_partial(members, a.gang)
+            figs["worst_partial_s"] = max(figs["worst_partial_s"], worst)
+            if worst > bound + 1.0:
+                node = next(iter(members.values())).node
+                out.append(
+                    Violation(
+                        GANG_PARTIAL,
+                        node,
+                        f"gang {a.id} start {run}: {len(members)} of {a.gang} members "
+                        f"ran partly for {worst:.1f} s from {since:.3f} (bound {bound:.2f} s)",
+                    )
+                )
+        where = authority(a, journals)
+        j = journals.get(where)
+        t = None if j is None else j.tasks.get(a.id)
+        states[t.state.value if t is not None else "missing"] += 1
+        whole = any(len(ms) == a.gang for ms in starts.values())
+        if t is not None and t.state is m.TaskState.SUCCEEDED and a.strict and not whole:
+            detail = f"gang {a.id} succeeded, no start ran all members"
+            out.append(Violation(GANG_WHOLE, where, detail))
+    figs["states"] = dict(states)
+    return out, figs

@@ -14,6 +14,8 @@ from .invariants import (
     CONSTRAINT,
     ENCRYPTED,
     EVERY_RUN,
+    GANG_PARTIAL,
+    GANG_WHOLE,
     PRIORITY,
     RESTART_RERUN,
     SCALE,
@@ -64,7 +66,8 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
         "",
         f"Invariants checked: {checked}; `{ENCRYPTED}` in keyed scenarios; {prio} in the "
         f"priority scenario; `{CONSTRAINT}` in the labelled one; {scale} in the elastic "
-        f"one; `{ADOPTED}` where a node is lost for good (home-loss); "
+        f"one; `{ADOPTED}` where a node is lost for good (home-loss); `{GANG_PARTIAL}` and "
+        f"`{GANG_WHOLE}` in the gang scenario; "
         + ", ".join(f"`{x}`" for x in EVERY_RUN)
         + f" in every scenario; `{RESTART_RERUN}` where restarts are the only fault.",
         "",

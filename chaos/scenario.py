@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from swarm.client import ClientError
+from swarm.cluster.gang import Timers
 
 from . import elastic as el
 from . import faults as fl
@@ -463,6 +464,8 @@ class Runner:
         if self.sc.priorities:
             violations += self._priority_checks(cl, journals, specs)
         violations += self._issue19_checks(cl, journals, acked)
+        if self.sc.gangs:
+            violations += self._gang_checks(journals, acked)
         # a task a lost home accepted with fewer copies than wanted (no replica
         # answered in time: `replica.short` in its log) may be known to no survivor
         short = {
@@ -570,6 +573,21 @@ class Runner:
             f"again after a fence or loss (never at once: checked), {fenced} runs fenced; "
             f"{sum(len(r) for r in execs.values())} executions checked against the journals; "
             f"cancels answered: {dict(answered)}; {moved} moves to migrating"
+        )
+        return out
+
+    def _gang_checks(
+        self, journals: Mapping[str, JournalData], acked: list[inv.Acked]
+    ) -> list[inv.Violation]:
+        """Issue 22: no strict gang ran partly past its lease bound; a succeeded gang
+        ran whole (its members' marks)."""
+        bound = Timers().partial_bound()
+        out, f = inv.check_gangs(acked, read_spans(self.root / "marks"), journals, bound)
+        self.result.notes.append(
+            f"gangs: {f['gangs']:.0f} gangs of 3 ({f['states']}); {f['starts']:.0f} starts, "
+            f"{f['members']:.0f} members from their marks; members of one start began "
+            f"within {f['spread_s']:.2f} s of each other at worst; the longest partial "
+            f"run of a strict gang {f['worst_partial_s']:.1f} s (bound {bound:.2f} s + 1 s)"
         )
         return out
 

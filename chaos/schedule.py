@@ -50,6 +50,7 @@ class Scenario:
     keep_tasks: str | None = None  # agents' --keep-tasks (None: their default, restart)
     profile: str | None = None  # agents' --profile (None: the suite's `local`)
     warmup: float = 4.0  # seconds of workload before the first fault of lane 1
+    gangs: int = 0  # issue 22: this many gangs of 3 (2 in 3 strict), spread over the run
     description: str = ""
 
 
@@ -90,6 +91,8 @@ class SubmitPlan:
     cancel_after: float = 0.0
     cancel_node: int = 0
     migrate: str | None = None  # `swarm submit --migrate` (kind `migratable`)
+    gang: int = 0  # kind `gang`: `swarm submit --gang N` (issue 22)
+    strict: bool = True
 
 
 @attrs.frozen
@@ -194,6 +197,21 @@ def workload(sc: Scenario, rng: random.Random) -> list[SubmitPlan]:
     return out
 
 
+def gang_workload(sc: Scenario, seed: int) -> list[SubmitPlan]:
+    """`sc.gangs` gangs of 3 members at random nodes over the run, each member beating
+    for 2-6 s; two in three strict, the others non-strict with at least 2."""
+    rng = random.Random(f"{sc.name}:{seed}:gangs")
+    span = max(1.0, sc.duration - 4.0)
+    out = []
+    for k in range(sc.gangs):
+        at = span * (k + rng.uniform(0.1, 0.9)) / sc.gangs
+        secs = round(rng.uniform(2.0, 6.0), 2)
+        out.append(
+            SubmitPlan(at, rng.randint(1, sc.nodes), "gang", secs, gang=3, strict=k % 3 != 2)
+        )
+    return out
+
+
 def priority_workload(sc: Scenario, rng: random.Random) -> list[SubmitPlan]:
     """Waves: every node gets `slots + 1` low tasks at once (every slot taken, one more
     queued), then, 1 s to 70 % of the wave later, `nodes // 2 + 1` high tasks at random
@@ -284,4 +302,6 @@ def make_plan(sc: Scenario, seed: int, available: Sequence[str] | None = None) -
     if sc.canary:
         burst, drain_plan = canary_burst(sc)
         submits = sorted([*submits, *burst], key=lambda s: s.at)
+    if sc.gangs:  # drawn from a stream of their own: the other draws stay as they were
+        submits = sorted([*submits, *gang_workload(sc, seed)], key=lambda s: s.at)
     return Plan(tuple(faults), tuple(drain_plan), tuple(submits))

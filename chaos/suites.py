@@ -123,6 +123,12 @@ FULL: tuple[Scenario, ...] = (
           drains=False, home_grace=5.0, settle=90.0, keep_tasks="always",
           description="one node lost for good while the others restart (replicas "
           "included): what it handed out or copied is taken over and ends once"),
+    # issue 22, appended: gangs of 3 (strict and non-strict) among the usual workload
+    # while agents are killed and nodes cut off; their members beat every 0.2 s
+    _full("gangs", faults=("kill", "isolate"), faults2=("pause",), hold=(4.0, 10.0),
+          gangs=12, settle=150.0,
+          description="gangs of 3 among the workload under kills, cut-off nodes and "
+          "freezes: no strict gang runs partly past its lease, every gang ends"),
 )  # fmt: skip
 
 SMOKE: tuple[Scenario, ...] = (

@@ -184,6 +184,11 @@ class Workload:
         if sp.kind == "at-most-once":
             extra["at_most_once"] = True
             argv = beat_task_argv(self.marks, sp.seconds)
+        if sp.gang:  # issue 22: its members beat as --at-most-once tasks do
+            extra.update(gang=sp.gang, gang_mode="strict" if sp.strict else "nonstrict")
+            if not sp.strict:
+                extra["min_available"] = sp.gang - 1
+            argv = beat_task_argv(self.marks, sp.seconds)
         with self._lock:
             self.attempted += 1
         try:
@@ -208,7 +213,9 @@ class Workload:
             return
         with self._lock:
             amo = sp.kind == "at-most-once"
-            self.acked.append(Acked(tid, a.name, sp.kind == "global", sp.constraints, amo))
+            self.acked.append(
+                Acked(tid, a.name, sp.kind == "global", sp.constraints, amo, sp.gang, sp.strict)
+            )
             self.kinds[sp.kind] += 1
         if sp.kind == "cancel":
             threading.Thread(target=self._cancel, args=(tid, sp), daemon=True).start()

@@ -150,7 +150,7 @@ class Agent:
     def _plan_hook(self, task: m.Task, plan: ProcessPlan) -> ProcessPlan:
         """A task's process plan: its GPU slice, its user and cgroup, then a CRIU
         restore's changes (it runs as root)."""
-        plan = self.coord.fence_plan(task, plan)
+        plan = self.coord.gang_plan(task, self.coord.fence_plan(task, plan))
         gpu_env = self.coord.gpu_env(task)
         if gpu_env:
             plan = attrs.evolve(plan, env={**plan.env, **gpu_env})

@@ -179,6 +179,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         extra["is_global"] = True
     if args.at_most_once:
         extra["at_most_once"] = True
+    if args.gang is not None:
+        extra.update(gang=args.gang, gang_mode=args.gang_mode, min_available=args.min_available)
+        extra.update(gang_timeout=args.gang_timeout, gang_restart=args.gang_restart or None)
+    elif args.gang_mode or args.min_available is not None or args.gang_timeout is not None:
+        raise CliError(
+            "submit: --gang-mode, --min-available and --gang-timeout need --gang N", EXIT_USAGE
+        )
     if args.cpu is not None:
         extra["cpu"] = args.cpu
     if args.mem is not None:
@@ -255,7 +262,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     now = time.time()
     names = {v: k for k, v in (classes or {}).items()}
     rows = []
-    for t in tasks:
+    for t in _gangs_grouped(tasks):
         spec = t["spec"]
         prio = spec.get("priority", 50)
         code = "-"
@@ -266,7 +273,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         rows.append(
             [
                 t["spec"]["id"],
-                spec.get("name") or "-",
+                _ps_name(spec),
                 t["state"],
                 t.get("node") or "-",
                 names.get(prio, str(prio)),
@@ -280,6 +287,35 @@ def cmd_ps(args: argparse.Namespace) -> int:
     head = ["ID", "NAME", "STATE", "NODE", "PRIO", "GROUP", "EXIT", "RUNTIME", "AGE", "COMMAND"]
     print(_table(rows, head))
     return EXIT_OK
+
+
+def _gangs_grouped(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each gang's members (those kept here) right after the gang's own line."""
+    members: dict[str, list[dict[str, Any]]] = {}
+    ids = {t["spec"]["id"] for t in tasks}
+    for t in tasks:
+        gang = (t["spec"].get("member") or {}).get("gang")
+        if isinstance(gang, str) and gang in ids:
+            members.setdefault(gang, []).append(t)
+    out = []
+    for t in tasks:
+        if (t["spec"].get("member") or {}).get("gang") in ids:
+            continue
+        out.append(t)
+        out += sorted(members.get(t["spec"]["id"], []), key=lambda x: x["spec"]["member"]["rank"])
+    return out
+
+
+def _ps_name(spec: dict[str, Any]) -> str:
+    """The name, with a gang's size or a member's rank (issue 22)."""
+    name = spec.get("name") or "-"
+    if spec.get("gang"):
+        g = spec["gang"]
+        return f"{name} [gang of {g['size']}, {g.get('mode', 'strict')}]"
+    if spec.get("member"):
+        r = spec["member"]
+        return f"{name} [rank {r['rank']}/{r['world']} of {r['gang']}]"
+    return str(name)
 
 
 def cmd_share(args: argparse.Namespace) -> int:
@@ -780,6 +816,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cwd", help="working directory (default: the current one)")
     s.add_argument(
         "--no-retry", action="store_true", help="never run twice: fail/lose instead of re-running"
+    )
+    s.add_argument(
+        "--gang",
+        type=int,
+        metavar="N",
+        help="N members of the command that start together, all or none (docs/gang.md);"
+        " each gets SWARM_RANK, SWARM_WORLD_SIZE, MASTER_ADDR and MASTER_PORT",
+    )
+    s.add_argument(
+        "--gang-mode",
+        choices=("strict", "nonstrict"),
+        help="strict (default): all N or none; nonstrict: start and run with --min-available",
+    )
+    s.add_argument("--min-available", type=int, metavar="M", help="nonstrict gangs: at least M")
+    s.add_argument(
+        "--gang-timeout", type=float, metavar="S", help="fail the gang if not running after S"
+    )
+    s.add_argument(
+        "--gang-restart",
+        action="store_true",
+        help="a gang whose member fails starts again as a whole (default: it fails)",
     )
     s.add_argument(
         "--at-most-once",

@@ -78,6 +78,33 @@ def _number(
         raise InvalidRequest(f"submit: {key} must be {low} and <= {top}{unit}, got {shown}")
 
 
+_GANG_KEYS = {
+    "gang_mode": "mode",
+    "min_available": "min_available",
+    "gang_restart": "restart",
+    "gang_timeout": "timeout",
+}
+
+
+def gang_request(extra: dict[str, Any]) -> None:
+    """`gang=N` and its options (gang_mode, min_available, gang_restart, gang_timeout)
+    as the request's one `gang` map, in place."""
+    opts = {w: extra.pop(k) for k, w in _GANG_KEYS.items() if extra.get(k) is not None}
+    gang = extra.get("gang")
+    if gang is None:
+        if opts:
+            raise InvalidRequest(f"submit: {', '.join(opts)} without gang=N")
+        return
+    if isinstance(gang, Mapping):
+        extra["gang"] = {**gang, **opts}
+        return
+    if isinstance(gang, bool) or not isinstance(gang, int):
+        raise InvalidRequest(f"submit: gang must be a number of members, got {gang!r:.40}")
+    if opts.get("mode") == "nonstrict" and "min_available" not in opts:
+        opts["min_available"] = gang
+    extra["gang"] = {"size": gang, **opts}
+
+
 def check_submit(req: Mapping[str, Any]) -> None:
     """The agent's size and number bounds (swarm.limits), checked before sending:
     raises InvalidRequest naming the field. Other rules (env names, ids, GPU
@@ -271,7 +298,14 @@ class Client:
         task_id: str | None = None,
         **extra: Any,
     ) -> str:
-        """Submit a task; returns its id once the agent has journaled it."""
+        """Submit a task; returns its id once the agent has journaled it.
+
+        `gang=N` (issue 22) submits N members of the command that start together:
+        with `gang_mode="nonstrict"` and `min_available=M` at least M of them; with
+        `gang_restart=True` a failed gang starts again as a whole; `gang_timeout` fails
+        it when it is not running after that many seconds. The id is the gang's; its
+        members are ID.0 .. ID.N-1 (docs/gang.md)."""
+        gang_request(extra)
         if cwd is None:
             try:
                 cwd = os.getcwd()

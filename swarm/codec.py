@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import attrs
+
 from . import limits as lim
 from . import model as m
 from .model import GROUP_RULE, MAX_PRIORITY, valid_group_name
@@ -69,6 +71,8 @@ def task_spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
         # reads every task that does not use them
         **{k: v for k, v in _where_to_wire(s).items() if v},
         **({"at_most_once": True} if s.at_most_once else {}),
+        **({"gang": attrs.asdict(s.gang)} if s.gang is not None else {}),
+        **({"member": attrs.asdict(s.member)} if s.member is not None else {}),
     }
 
 
@@ -113,9 +117,54 @@ def task_spec_from_wire(obj: Any) -> m.TaskSpec:
         group=group_name(f.str("group", "", max_len=64), "task"),
         **where_from_wire(f, "task"),
         at_most_once=f.bool("at_most_once", False),
+        gang=f.nested("gang", gang_request_from_wire),
+        member=f.nested("member", gang_role_from_wire),
     )
     f.done()
     return spec
+
+
+GANG_MODES = ("strict", "nonstrict")
+MAX_GANG = 4096  # members of one gang (cluster/gang.py's MAX_GANG)
+
+
+def gang_request_from_wire(obj: Any, what: str = "gang") -> m.GangRequest:
+    """A gang's request, each field checked with one line naming it."""
+    f = Fields(obj, what)
+    size = f.int("size", required=True)
+    if not 1 <= size <= MAX_GANG:
+        raise SchemaError(f"{what}: size must be 1..{MAX_GANG}, got {size}")
+    mode = f.str("mode", "strict", max_len=16)
+    if mode not in GANG_MODES:
+        raise SchemaError(f"{what}: mode must be strict or nonstrict, got {mode!r:.20}")
+    least = f.int("min_available", 0)
+    if mode == "nonstrict" and not 1 <= least <= size:
+        raise SchemaError(f"{what}: min-available must be 1..{size} (the gang's size), got {least}")
+    if mode == "strict" and least not in (0, size):
+        raise SchemaError(f"{what}: min-available applies to --gang-mode nonstrict only")
+    g = m.GangRequest(
+        size=size,
+        mode=mode,
+        min_available=least,
+        restart=f.bool("restart", False),
+        timeout=f.float("timeout", 0.0, lo=0.0, hi=1e9),
+    )
+    f.done()
+    return g
+
+
+def gang_role_from_wire(obj: Any) -> m.GangRole:
+    f = Fields(obj, "member")
+    r = m.GangRole(
+        gang=f.task_id("gang", required=True),
+        home=f.str("home", required=True, max_len=256),
+        round=f.int("round", required=True, lo=1),
+        slot=f.int("slot", required=True, lo=0, hi=MAX_GANG - 1),
+        rank=f.int("rank", required=True, lo=0, hi=MAX_GANG - 1),
+        world=f.int("world", required=True, lo=1, hi=MAX_GANG),
+    )
+    f.done()
+    return r
 
 
 def where_from_wire(f: Fields, what: str) -> dict[str, Any]:

@@ -144,6 +144,34 @@ class GpuRequest:
 
 
 @attrs.frozen
+class GangRequest:
+    """`swarm submit --gang N` (issue 22): run N members of the command together, all
+    or nothing (`strict`), or with at least `min_available` of them (`nonstrict`).
+    The task that carries it is the gang's record at its home; it never runs itself
+    (node/gangs.py coordinates the members; cluster/gang.py is the protocol)."""
+
+    size: int
+    mode: str = "strict"  # "strict" | "nonstrict"
+    min_available: int = 0
+    restart: bool = False  # a failed running gang starts again as a whole
+    timeout: float = 0.0  # fail when not running this long after submission (0: never)
+
+
+@attrs.frozen
+class GangRole:
+    """A gang member's place (issue 22), on the member's own record at the node that
+    runs it: which gang (its record's id at `home`), which round and slot, its rank in
+    a world of `world` members."""
+
+    gang: TaskId
+    home: NodeId
+    round: int
+    slot: int
+    rank: int
+    world: int
+
+
+@attrs.frozen
 class TaskSpec:
     """What the submitter asked for. Immutable once accepted."""
 
@@ -183,6 +211,9 @@ class TaskSpec:
     # issue 19: never two copies running at once (a lease fences the runner; the
     # home places it again only once that lease has surely lapsed: node/fencing.py)
     at_most_once: bool = False
+    # issue 22: a gang's record (at its home), or one member of a gang (where it runs)
+    gang: GangRequest | None = None
+    member: GangRole | None = None
 
 
 def same_submission(a: TaskSpec, b: TaskSpec) -> bool:

@@ -150,13 +150,33 @@ def submit_spec(
         group=group,
         **where,
         at_most_once=f.bool("at_most_once", False),
+        gang=f.nested("gang", lambda o: codec.gang_request_from_wire(o, "submit: gang")),
     )
     f.done()
+    if spec.gang is not None:
+        _check_gang(spec)
     if spec.at_most_once and spec.is_global:
         raise wire.SchemaError(
             "submit: at_most_once does not apply to a global task (one copy runs on every node)"
         )
     return spec
+
+
+MAX_GANG_ID = 50  # a member's id adds ".RANK" (and ".RUN") to the gang's
+
+
+def _check_gang(spec: m.TaskSpec) -> None:
+    """What a gang may not combine with, one line naming the field."""
+    if spec.is_global:
+        raise wire.SchemaError("submit: --gang does not combine with --global")
+    if spec.at_most_once:
+        raise wire.SchemaError(
+            "submit: --gang members run under their gang's lease already: no --at-most-once"
+        )
+    if spec.migrate is not m.MigrateMode.NEVER:
+        raise wire.SchemaError("submit: a gang's members never migrate: no --migrate")
+    if len(spec.id.split("~")[0]) > MAX_GANG_ID:
+        raise wire.SchemaError(f"submit: a gang's id may hold at most {MAX_GANG_ID} characters")
 
 
 _WHERE_KEYS = ("constraints", "prefer", "job", "spread", "anti_affinity", "data", "cwd_any")

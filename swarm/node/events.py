@@ -227,6 +227,24 @@ class RenewLease:
 
 
 @attrs.frozen
+class SendGang:
+    """A gang protocol message to a peer (cluster/gang.py; op `gang`). A prepare and a
+    commit carry the gang's spec; a commit which start of the gang it is (member ids)."""
+
+    dest: m.NodeId
+    msg: Any  # cluster.gang.Message
+    spec: m.TaskSpec | None = None
+    run: int = 0
+
+
+@attrs.frozen
+class StartNow:
+    """Start a gang member at once, outside the run queue: its hold kept the slot."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
 class Later:
     """Carry these out in a task of their own (the caller must not wait on them)."""
 
@@ -261,6 +279,8 @@ Instruction = (
     | SendReplica
     | AskLease
     | RenewLease
+    | SendGang
+    | StartNow
     | Later
 )
 
@@ -385,6 +405,30 @@ class PeerReport(Stimulus):
     at: float
 
 
+@attrs.frozen
+class GangSubmitted(Stimulus):
+    """A gang's record was written here (or found at start-up): coordinate it."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
+class GangMessage(Stimulus):
+    """A gang protocol message from a peer (`commitment`: what a prepare or commit
+    carried besides; `port`: one reserved for a rendezvous, given with a prepare)."""
+
+    src: m.NodeId
+    msg: Any  # cluster.gang.Message
+    commitment: Any = None  # node.gangs.Commitment
+    port: int = 0
+
+
+@attrs.frozen
+class GangCancel(Stimulus):
+    task_id: m.TaskId
+    why: str
+
+
 Event = (
     Wake
     | JobsKicked
@@ -400,4 +444,7 @@ Event = (
     | NoticesUndelivered
     | CancelRemote
     | LeaseAnswer
+    | GangSubmitted
+    | GangMessage
+    | GangCancel
 )

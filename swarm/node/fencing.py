@@ -55,9 +55,11 @@ ASK_AGAIN = 1.0  # seconds before a question without an answer is asked again
 FENCED = "fenced"  # the runner's reason for a run its supervisor stopped starts so
 
 
-def fenced(home: m.NodeId) -> str:
+def fenced(spec: m.TaskSpec) -> str:
     """The runner's reason for a run its supervisor fenced (it reports `fenced`)."""
-    return f"{FENCED}: its lease from {home} lapsed (--at-most-once)"
+    if spec.member is not None:  # a gang member (node/gangs.py)
+        return f"{FENCED}: its gang's run lease from {spec.member.home} lapsed"
+    return f"{FENCED}: its lease from {spec.home} lapsed (--at-most-once)"
 
 
 @attrs.define

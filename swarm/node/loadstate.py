@@ -58,6 +58,9 @@ class LoadState:
         def share_fields(self, wall: float) -> dict[str, Any]:
             raise NotImplementedError
 
+        def gang_held(self) -> int:
+            raise NotImplementedError
+
         @property
         def guest(self) -> h.GuestSide:
             raise NotImplementedError
@@ -84,9 +87,9 @@ class LoadState:
             version=self.version,
             shares=snap.shares,
             reserved_shares=snap.reserved_shares,
-            weight_sum=snap.weight_sum,
+            weight_sum=snap.weight_sum + self.gang_held(),
             queued=snap.queued,
-            running=snap.running,
+            running=snap.running + self.gang_held(),  # held for a gang: taken
             slots=self.slots,
             cpu_util=s.cpu_util,
             load_per_core=s.load_per_core,

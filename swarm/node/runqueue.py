@@ -346,6 +346,8 @@ class RunQueue:
             r = self.records.active.get(tid)
             if r is None or r.state is not S.RUNNING or tid in self.preempting:
                 continue
+            if r.spec.member is not None:  # a gang member: never stopped alone
+                continue
             started = r.started_at if r.started_at is not None else wall
             # work a group borrowed above its min yields to a group below its min,
             # whatever its class (Koordinator's reclaim); else the class decides

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from .. import model as m
+from ..cluster import gang as gangp
 from ..cluster import handoff as h
 from ..cluster.succession import Succession
 from ..policy import fairness as fair
@@ -35,6 +36,7 @@ from . import events as ev
 from . import gate
 from .failover import Failover
 from .fencing import FENCE_TTL, FENCED, Fencing, RunnerLease
+from .gangs import Gangs
 from .loadstate import LoadState, unmeasured
 from .location import Location
 from .placing import Job, Placing
@@ -72,9 +74,12 @@ class Settings:
     home_grace: float = 30.0
     replicas: int | None = None  # copies of a queued task's record (None: by cluster size)
     fence_ttl: float = FENCE_TTL  # --at-most-once: the runner's lease (fencing.py)
+    gang_timers: gangp.Timers = attrs.field(
+        factory=gangp.Timers
+    )  # issue 22: holds, run leases (gangs.py)
 
 
-class NodeState(Location, Failover, Fencing, Replicas, LoadState, Placing, Timers, RunQueue):
+class NodeState(Location, Failover, Fencing, Gangs, Replicas, LoadState, Placing, Timers, RunQueue):
     def __init__(
         self,
         node: m.NodeId,
@@ -105,6 +110,7 @@ class NodeState(Location, Failover, Fencing, Replicas, LoadState, Placing, Timer
         self.held: dict[m.TaskId, Held] = {}
         self.heard: set[m.NodeId] = set()
         self.fence_ttl = settings.fence_ttl
+        self.init_gangs(settings.gang_timers)
         self.fence_leases: dict[m.TaskId, RunnerLease] = {}
         self.fence_granted: dict[m.TaskId, float] = {}  # home side: last grant (our now)
         self.fence_since: float | None = None  # our first tick (fencing.fence_hold)
@@ -208,6 +214,12 @@ class NodeState(Location, Failover, Fencing, Replicas, LoadState, Placing, Timer
                 out += self.on_lease_answer(s.task_id, s.epoch, s.asked_at, s.granted, s.why, now)
             elif isinstance(s, ev.Sampled):
                 self.on_sample(s.sample, now)
+            elif isinstance(s, ev.GangMessage):
+                out += self.on_gang_message(s.src, s.msg, now, wall, s.commitment, s.port)
+            elif isinstance(s, ev.GangSubmitted):
+                out += self.gang_submitted(s.task_id, now, wall)
+            elif isinstance(s, ev.GangCancel):
+                out += self.gang_cancel(s.task_id, s.why, now, wall)
         return out
 
     # ------------------------------------------------------------ helpers
@@ -289,6 +301,7 @@ class NodeState(Location, Failover, Fencing, Replicas, LoadState, Placing, Timer
         self.ledger.remove(task.id)
         out = self.release_gpu(task.id)
         out += [ev.LoadChanged(), ev.MoveHook("ended", task.id, task)]
+        out += self.gang_member_ended(task, now, wall)
         out += self.replica_update(task.id)  # ended at its home: its copies go at once
         self.fence_leases.pop(task.id, None)
         if task.spec.home != self.node and not task.spec.is_global:
@@ -322,10 +335,11 @@ class NodeState(Location, Failover, Fencing, Replicas, LoadState, Placing, Timer
     def on_node_dead(self, node: m.NodeId, now: float, wall: float) -> list[ev.Instruction]:
         self.view.remove(node)
         outs = self.home.on_node_dead(node, now)
+        gangs = self.gang_node_dead(node, now, wall) if self.gang_coords else []
         if not outs:
-            return []
+            return gangs
         note = ev.log("info", "handoff.node_dead", peer=node, tasks=len(outs))
-        return [note, ev.Later(tuple(self.apply(outs, [], now, wall)))]
+        return [note, ev.Later(tuple(self.apply(outs, [], now, wall))), *gangs]
 
     def tick(self, now: float, wall: float) -> list[ev.Instruction]:
         out: list[ev.Instruction] = []

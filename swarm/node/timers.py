@@ -36,6 +36,7 @@ class Timers:
     sharing: Sharing
     quota_epoch: int
     quota_memo: dict[str, tuple[int, str]]
+    gang_coords: dict[m.TaskId, Any]
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -43,6 +44,8 @@ class Timers:
         def handoff_busy(self) -> bool: ...
         def step(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]: ...
         def usage_record(self, wall: float) -> ev.Persist: ...
+        def gang_tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
+        def gang_view_changed(self, now: float, wall: float) -> list[ev.Instruction]: ...
 
     def start_timers(self, now: float) -> list[ev.Instruction]:
         """When the runtime starts: a report at once, the rest after their period."""
@@ -83,6 +86,8 @@ class Timers:
         if due and now >= due["globals"]:
             out.append(ev.SyncGlobals())
             due["globals"] = now + (GLOBALS_SOME if self.globals.members else GLOBALS_NONE)
+        if "gangs" in due and now >= due["gangs"]:
+            out += self.gang_tick(now, wall)
         for tid in list(self.jobs):
             out += self.step(tid, now, wall)
         if due:
@@ -109,6 +114,8 @@ class Timers:
                 out.append(ev.KickRunner())  # a capped group's share may have freed up
         for tid in list(self.jobs):
             out += self.step(tid, now, wall)
+        if self.gang_coords:
+            out += self.gang_view_changed(now, wall)
         return out
 
     def shares_changed(self) -> list[ev.Instruction]:

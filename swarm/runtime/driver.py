@@ -31,6 +31,7 @@ from ..logs import EventLog
 from ..node import events as ev
 from ..node import recovery
 from ..node.failover import restore_adopted
+from ..node.gangs import restore_gang_rounds
 from ..node.loadstate import changed_meaningfully
 from ..node.replicas import restore_replicas
 from ..node.state import NodeState, Settings
@@ -41,6 +42,7 @@ from .clock import Clock
 from .effects import Effects, MoveHooks
 from .failoverio import FailoverIO
 from .fencingio import FencingIO
+from .gangio import GangIO
 from .globaltasks import GlobalTaskIO
 from .journal import Journal
 from .net import TransportError
@@ -57,7 +59,7 @@ TOMB_TTL = recovery.TOMB_TTL
 USAGE_KEY = recovery.USAGE_KEY
 
 
-class Driver(Effects, FailoverIO, FencingIO):
+class Driver(Effects, FailoverIO, FencingIO, GangIO):
     def __init__(
         self,
         *,
@@ -118,6 +120,7 @@ class Driver(Effects, FailoverIO, FencingIO):
         self.transfers = TransferIO(self, transfer_config)
         self.globals_io = GlobalTaskIO(self)
         self.reads = PeerReads(table, runner, self.copy_of)
+        runner.reserved = self.state.gang_held  # slots held for gangs: not for others
         self._nursery: trio.Nursery | None = None
         self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
         self._inflight: set[tuple[m.NodeId, h.Request]] = set()
@@ -208,6 +211,7 @@ class Driver(Effects, FailoverIO, FencingIO):
             self.state.globals = globals_
         self.state.adopted = restore_adopted(kv)
         self.state.mine, self.state.held = restore_replicas(kv)
+        self.state.gang_rounds = restore_gang_rounds(kv)
         usage = kv.get(USAGE_KEY)
         if usage is not None:
             try:
@@ -234,7 +238,13 @@ class Driver(Effects, FailoverIO, FencingIO):
                 self.table.change(tid, S.QUEUED, "offer interrupted by restart", node=self.node)
             for t in list(self.table.active.values()):
                 mine = t.spec.home == self.node and t.node == self.node and not t.spec.is_global
-                if mine and t.state is S.QUEUED and t.id not in self.state.ledger:
+                if mine and t.spec.gang is not None:
+                    self.gang_submitted(t.id)  # its coordinator resumes after its last round
+                elif t.spec.member is not None and t.state is S.QUEUED:
+                    # a member never started: its round ended with the restart (a member
+                    # starts with its gang or not at all)
+                    self.table.change(t.id, S.FAILED, "not started: its agent restarted")
+                elif mine and t.state is S.QUEUED and t.id not in self.state.ledger:
                     self.place_soon(t.id)
             # tasks that outlived the previous run under their supervisor (issue 19)
             self.runner.adopt_outlived()

@@ -66,6 +66,9 @@ class ExplainOps:
         if blocked:
             out.append({"at": self.clock.wall(), "outcome": "queued here, not started: " + blocked})
         out += self.queue_ops.explain(tid)
+        gang = self.coord.state.gang_explain(tid)
+        if gang is not None:
+            out.append({"at": self.clock.wall(), "outcome": gang})
         return out
 
     async def rpc_explain(

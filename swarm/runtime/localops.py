@@ -20,7 +20,8 @@ import trio
 from .. import codec, request_checks, testbreak, wire
 from .. import model as m
 from ..logs import EventLog
-from ..policy import feasible
+from ..policy import feasible, gangfit
+from ..policy.constraints import parse_constraint
 from ..policy.shares import ShareLedger
 from .api import Ops, PeerCred, RequestError
 from .clock import Clock
@@ -114,7 +115,7 @@ class LocalOps(ExplainOps):
         refusal = self.queue_ops.sharing_refusal(spec, cred, member_of)
         if refusal is not None:  # bad input for this user: the CLI exits 2
             raise RequestError("not_allowed", f"submit: {refusal}")
-        never = self._unsatisfiable(spec)
+        never = self._unsatisfiable(spec) or self._gang_never_fits(spec)
         if never is not None and not (wait_for_node and spec.constraints):
             more = "; --wait-for-node queues it until one joins" if spec.constraints else ""
             raise RequestError("unsatisfiable", f"submit: {never}{more}")
@@ -149,6 +150,27 @@ class LocalOps(ExplainOps):
         )
         return feasible.unsatisfiable(spec, own, peers)
 
+    def _gang_never_fits(self, spec: m.TaskSpec) -> str | None:
+        """A gang whose members could never run together on the gossiped capacity."""
+        ms = self.cluster.membership
+        if spec.gang is None or ms is None or (self.cluster.seed_addrs and ms.num_live <= 1):
+            return None
+        reports = [self.coord.local_report()]
+        for mb in ms.alive_members():
+            e = self.coord.view.get(mb.node) if mb.node != self.node else None
+            if e is not None:
+                reports.append(e.report)
+        cons_ = [parse_constraint(c) for c in spec.constraints]
+        why = gangfit.never_fits(
+            reports,
+            spec.gang.size,
+            cpu=spec.cpu or 0.0,
+            mem=spec.mem or 0,
+            gpu=spec.gpu,
+            constraints=cons_,
+        )
+        return why or None
+
     async def _accept(self, spec: m.TaskSpec) -> dict[str, Any]:
         if testbreak.broken("drop-acked") and spec.id[-1] in "0123":  # TEST-ONLY: chaos self-test
             return {"id": spec.id}
@@ -156,6 +178,13 @@ class LocalOps(ExplainOps):
             if spec.is_global:
                 await self.coord.globals_io.add(spec)
                 return {"id": spec.id, "global": True}
+            if spec.gang is not None:  # coordinated here; its members are records where
+                # they run (no copies elsewhere: a gang needs its home, docs/gang.md)
+                await self.table.add(
+                    m.new_task(spec, self.clock.wall(), self.node),
+                    on_written=lambda t: self.coord.gang_submitted(t.id),
+                )
+                return {"id": spec.id, "gang": spec.gang.size}
             # placed (and started, when it runs here) as soon as its record is written,
             # during the journal's fsync; the answer waits for the fsync
             await self.table.add(
@@ -264,6 +293,11 @@ class LocalOps(ExplainOps):
                         break
                     await self.table.wait_change(t.id)
             return self.table.get_cached(t.id) or t
+        if t.spec.gang is not None and t.spec.home == self.node:
+            self.coord.gang_cancel(t.id, cause)
+            with trio.move_on_after(30):
+                return await self.table.wait_terminal(t.id)
+            return await self.table.get(t.id)
         if t.spec.home != self.node:
             try:
                 r = await self.cluster.request(

@@ -23,6 +23,7 @@ def peer_routes(coord: Driver, migrator: Migrator, ops: LocalOps) -> dict[str, R
         "succession": coord.rpc_succession,  # adoption notices (node/failover.py)
         "replica": coord.rpc_replica,  # copies of another home's tasks (node/replicas.py)
         "lease": coord.rpc_lease,  # a runner's lease for an --at-most-once task (fencing.py)
+        "gang": coord.rpc_gang,  # the gang protocol's messages (node/gangs.py)
         "task": coord.reads.rpc_task,  # a task's record, from its home
         "logs": coord.reads.rpc_logs,  # a task's log, streamed from where it runs
         # transfer: load probes, and a receiver taking a queued task

@@ -97,6 +97,7 @@ class LocalRunner:
         self.on_finished = on_finished
         self.exit_hook = exit_hook
         self.blocked: dict[m.TaskId, str] = {}  # queued tasks that may not start, and why
+        self.reserved: Callable[[], int] = lambda: 0  # slots held for gangs (node/gangs.py)
         self.queue: deque[m.TaskId] = deque()
         self.running: set[m.TaskId] = set()
         self.cancel_requested: dict[m.TaskId, str] = {}
@@ -147,7 +148,7 @@ class LocalRunner:
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.slots - len(self.running))
+        return max(0, self.slots - len(self.running) - self.reserved())
 
     def state_dir_of(self, task_id: m.TaskId) -> Path:
         """Where a checkpointing task keeps its state ($SWARM_STATE_DIR)."""
@@ -175,7 +176,7 @@ class LocalRunner:
         """Start queued tasks in the node's order (priority, fair share, arrival) while
         slots are free; a task the gate refuses (reservation, drain, handoff not
         settled, a group's quota) keeps its place."""
-        if self.stopping or not self.queue or len(self.running) >= self.slots:
+        if self.stopping or not self.queue or len(self.running) + self.reserved() >= self.slots:
             return
         self._dispatching = True  # a hook below may enqueue: that waits for the kick
         try:
@@ -220,7 +221,7 @@ class LocalRunner:
     def _dispatch_some(self, nursery: trio.Nursery) -> None:
         keep: deque[m.TaskId] = deque()
         self.blocked.clear()
-        while self.queue and len(self.running) < self.slots:
+        while self.queue and len(self.running) + self.reserved() < self.slots:
             tid = self.queue.popleft()
             t = self.table.active.get(tid)
             if t is None or t.state is not m.TaskState.QUEUED or tid in self.running:
@@ -232,23 +233,38 @@ class LocalRunner:
                 self.blocked[tid] = why
                 keep.append(tid)
                 continue
-            self.running.add(tid)
-            self.executor.claim(tid)  # a shutdown or cancel from now on reaches it
-            # RUNNING (journaled, hooks told) at the gate's decision, not when the
-            # task's coroutine first runs: a drain or a reservation that arrives in
-            # between must see this start, and the journal must not date it later.
-            task = self.table.change(tid, m.TaskState.RUNNING, "started", node=self.node)
-            if self.on_started is not None:
-                self.on_started(task)
-            try:
-                launch = self._launch(task)
-            except Exception as e:  # a bug in a hook must not take the caller down
-                self.log.error("task.launch_failed", task=tid, error=repr(e))
-                failed = ProcessResult(None, None, spawn_error=f"cannot start: {e!r}")
-                launch = _Launch(None, False, failed)
-            nursery.start_soon(self._execute, task, launch)
+            self._start(nursery, t)
         # in place: the node's state machine reads this very deque
         self.queue.extendleft(reversed(keep))
+
+    def start_now(self, t: m.Task) -> str | None:
+        """Start a queued task at once, outside the queue (a gang member: its hold kept
+        its slot); why not, when the gate refuses (the caller fails it)."""
+        if self._nursery is None or self.stopping:
+            return "the agent is stopping"
+        why = self.can_start(t) if self.can_start is not None else None
+        if why is None:
+            self._start(self._nursery, t)
+        return why
+
+    def _start(self, nursery: trio.Nursery, t: m.Task) -> None:
+        """Start a task the gate let through (its shares are taken)."""
+        tid = t.id
+        self.running.add(tid)
+        self.executor.claim(tid)  # a shutdown or cancel from now on reaches it
+        # RUNNING (journaled, hooks told) at the gate's decision, not when the
+        # task's coroutine first runs: a drain or a reservation that arrives in
+        # between must see this start, and the journal must not date it later.
+        task = self.table.change(tid, m.TaskState.RUNNING, "started", node=self.node)
+        if self.on_started is not None:
+            self.on_started(task)
+        try:
+            launch = self._launch(task)
+        except Exception as e:  # a bug in a hook must not take the caller down
+            self.log.error("task.launch_failed", task=tid, error=repr(e))
+            failed = ProcessResult(None, None, spawn_error=f"cannot start: {e!r}")
+            launch = _Launch(None, False, failed)
+        nursery.start_soon(self._execute, task, launch)
 
     def plan(self, task: m.Task) -> ProcessPlan:
         status_dir = self.shim_root / task.id if self.executor.shim is not None else None
@@ -340,7 +356,7 @@ class LocalRunner:
                 signal=r.signal,
             )
         elif r.fenced:  # its supervisor stopped it: the lease lapsed (node/fencing.py)
-            await self.table.change_durably(tid, S.LOST, fenced(task.spec.home), signal=r.signal)
+            await self.table.change_durably(tid, S.LOST, fenced(task.spec), signal=r.signal)
         elif tid in self.preempting and (
             r.cancelled
             or (
@@ -356,7 +372,11 @@ class LocalRunner:
                 )
             else:
                 await self.table.change_durably(tid, S.QUEUED, "agent shutdown: will run again")
-        elif (why_moving := self._stopped_to_move(task, r)) is not None:
+        elif (
+            why_moving := stopped_to_move(
+                task, r, self.migrating.get(task.id), self.checkpoint_exit_code
+            )
+        ) is not None:
             await self.table.change_durably(tid, S.MIGRATING, why_moving)
         elif r.spawn_error is not None:
             code = spawn_exit_code(r.spawn_error)
@@ -371,24 +391,6 @@ class LocalRunner:
             await self.table.change_durably(
                 tid, S.FAILED, why or f"exited {r.exit_code}", exit_code=r.exit_code
             )
-
-    def _stopped_to_move(self, task: m.Task, r: ProcessResult) -> str | None:
-        """Why this end of a run is a stop for a migration (RUNNING -> MIGRATING), or
-        None when it is an ordinary end. A checkpointing task may also exit with the
-        checkpoint code on its own ("checkpointed, move me"): its state is in its
-        state dir, so it is never recorded as a failure."""
-        mode = self.migrating.get(task.id)
-        if mode is not None and r.cancelled:
-            return f"stopped for migration ({mode.value})"
-        if mode is m.MigrateMode.CRIU and r.signal == 9:
-            return "dumped by CRIU for migration"
-        if (
-            task.spec.migrate is m.MigrateMode.CHECKPOINT
-            and r.spawn_error is None
-            and r.exit_code == self.checkpoint_exit_code
-        ):
-            return "checkpointed" + (" for migration" if mode is not None else "")
-        return None
 
     # ------------------------------------------------------ after a restart
 
@@ -461,3 +463,23 @@ def spawn_exit_code(why: str) -> int:
     if why.startswith("command not found"):
         return 127
     return 126 if "permission" in why else 1
+
+
+def stopped_to_move(
+    task: m.Task, r: ProcessResult, mode: m.MigrateMode | None, checkpoint_exit_code: int
+) -> str | None:
+    """Why this end of a run is a stop for a migration (RUNNING -> MIGRATING), or
+    None when it is an ordinary end. A checkpointing task may also exit with the
+    checkpoint code on its own ("checkpointed, move me"): its state is in its
+    state dir, so it is never recorded as a failure."""
+    if mode is not None and r.cancelled:
+        return f"stopped for migration ({mode.value})"
+    if mode is m.MigrateMode.CRIU and r.signal == 9:
+        return "dumped by CRIU for migration"
+    if (
+        task.spec.migrate is m.MigrateMode.CHECKPOINT
+        and r.spawn_error is None
+        and r.exit_code == checkpoint_exit_code
+    ):
+        return "checkpointed" + (" for migration" if mode is not None else "")
+    return None

@@ -101,6 +101,7 @@ class Stats:
                 **dict(mig.counters),
             },
             "transfer": _attrs_dict(self.coord.transfer.stats),
+            "gangs": self.coord.state.gang_stats(),
             "transport": dict(self.cluster.transport.counters) if self.cluster.transport else {},
             "membership": dict(ms.stats) if ms is not None else {},
         }

@@ -424,7 +424,7 @@ def test_the_full_suite_has_a_keyed_scenario_and_newer_ones_come_after_it() -> N
     assert names.index("encrypted") == 14
     assert names[15:] == [
         "priority-preempt", "constrained", "elastic", "home-loss",
-        "agent-restart", "clock-skew", "home-loss-restarts",
+        "agent-restart", "clock-skew", "home-loss-restarts", "gangs",
     ]  # fmt: skip
     assert not any(sc.encrypted for sc in SMOKE)
 
@@ -557,3 +557,74 @@ def test_one_final_state_visible_from_every_node() -> None:
     assert inv.check_visible(ok) == []
     bad = {"t1": {"n1": "succeeded", "n2": "running"}, "t2": {"n1": "error: x"}}
     assert [v.invariant for v in inv.check_visible(bad)] == [inv.VISIBLE, inv.VISIBLE]
+
+
+# --------------------------------------------------------------- gangs (issue 22)
+
+
+def _spans(**members: tuple[float, float]) -> dict[str, list[inv.Span]]:
+    return {tid.replace("_", "."): [inv.Span("n1", "1", a, b)] for tid, (a, b) in members.items()}
+
+
+def test_a_gang_start_that_ran_whole_is_no_partial_run() -> None:
+    spans = _spans(g_0=(10.0, 20.0), g_1=(10.1, 20.0), g_2=(10.05, 19.9), other=(0.0, 99.0))
+    starts = inv.gang_starts("g", spans)
+    assert list(starts) == ["1"] and sorted(starts["1"]) == [0, 1, 2]
+    worst, _ = inv.longest_partial(starts["1"], 3)
+    assert worst < 0.2
+    acked = [inv.Acked("g", "n1", gang=3)]
+    out, figs = inv.check_gangs(acked, spans, {}, bound=27.15)
+    assert out == [] and figs["starts"] == 1 and figs["members"] == 3
+
+
+def test_a_strict_gang_running_partly_past_the_bound_is_a_violation() -> None:
+    # rank 2 died at 12 s; ranks 0 and 1 ran on to 60 s: 48 s partial
+    spans = _spans(g_0=(10.0, 60.0), g_1=(10.0, 60.0), g_2=(10.0, 12.0))
+    out, figs = inv.check_gangs([inv.Acked("g", "n1", gang=3)], spans, {}, bound=27.15)
+    assert [v.invariant for v in out] == [inv.GANG_PARTIAL]
+    assert 47.0 < figs["worst_partial_s"] < 49.0
+    # a non-strict gang may run on without a member
+    out, _ = inv.check_gangs([inv.Acked("g", "n1", gang=3, strict=False)], spans, {}, 27.15)
+    assert out == []
+    # within the bound: not a violation; a second start (ids g.R.2) is judged on its own
+    ok = _spans(g_0=(10.0, 30.0), g_1=(10.0, 30.0), g_2=(10.0, 12.0), g_0_2=(50, 51))
+    out, figs = inv.check_gangs([inv.Acked("g", "n1", gang=3)], ok, {}, bound=27.15)
+    assert out == [] and figs["starts"] == 2
+
+
+def test_a_succeeded_strict_gang_needs_a_whole_start() -> None:
+    b = Book("n1")
+    b.run(m.TaskSpec(id="g", argv=("x",), home="n1", gang=m.GangRequest(3)), T0, T0 + 5)
+    spans = _spans(g_0=(T0, T0 + 4), g_1=(T0, T0 + 4))
+    out, _ = inv.check_gangs([inv.Acked("g", "n1", gang=3)], spans, {"n1": b.data()}, 27.15)
+    assert [v.invariant for v in out] == [inv.GANG_WHOLE]
+    # and its record succeeding without marks of its own is not `executed`'s business
+    assert inv.check_executed([inv.Acked("g", "n1", gang=3)], {"n1": b.data()}, {}) == []
+
+
+def test_the_gang_scenario_submits_gangs_from_a_stream_of_its_own() -> None:
+    sc = find("gangs")
+    plan = make_plan(sc, 5)
+    gangs = [s for s in plan.submits if s.kind == "gang"]
+    assert len(gangs) == sc.gangs and all(s.gang == 3 for s in gangs)
+    assert {s.strict for s in gangs} == {True, False}
+    others = [s for s in plan.submits if s.kind != "gang"]
+    import attrs as _attrs
+
+    plain = make_plan(_attrs.evolve(sc, gangs=0), 5)
+    assert others == list(plain.submits)
+
+
+def test_a_gang_record_running_at_a_drained_home_is_no_start() -> None:
+    # the gang's own record goes RUNNING at its home when its members run elsewhere
+    b = Book("n1")
+    b.set_shares(T0, 1024, 0)
+    gang = m.TaskSpec(id="g", argv=("x",), home="n1", gang=m.GangRequest(3))
+    b.run(gang, T0 + 1, T0 + 5)
+    j = {"n1": b.data()}
+    assert inv.check_drain(j, inv.specs_of(j)) == []
+    assert inv.check_reservations(j, inv.specs_of(j), {"n1": 1024}) == []
+    single = m.TaskSpec(id="s", argv=("x",), home="n1")
+    b.run(single, T0 + 1, T0 + 5)
+    j = {"n1": b.data()}
+    assert [v.invariant for v in inv.check_drain(j, inv.specs_of(j))] == [inv.DRAIN]

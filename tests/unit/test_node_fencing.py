@@ -198,7 +198,9 @@ def ev_flat(out: list[ev.Instruction]) -> list[ev.Instruction]:
 def test_a_fenced_run_goes_back_to_its_home_at_once() -> None:
     a, b, _c, net = _started_at_b(now=1.0)
     b.running.discard("t1")
-    done = b.state.records.apply("t1", S.LOST, 1015.0, fenced("A"), signal=9)
+    done = b.state.records.apply(
+        "t1", S.LOST, 1015.0, fenced(b.state.records.active["t1"].spec), signal=9
+    )
     b.run([ev.Record(done, durable=True)])
     b.run(b.state.on_ended(done, 15.0, 1015.0))
     [rep] = [s for s in b.outbox if isinstance(s.request, h.Report)]
@@ -219,7 +221,9 @@ def test_a_fenced_no_retry_task_is_lost() -> None:
     assert b.try_start("t1", now=1.0) is None
     net.settle(now=1.5)  # its running report
     b.running.discard("t1")
-    done = b.state.records.apply("t1", S.LOST, 1015.0, fenced("A"), signal=9)
+    done = b.state.records.apply(
+        "t1", S.LOST, 1015.0, fenced(b.state.records.active["t1"].spec), signal=9
+    )
     b.run(b.state.on_ended(done, 15.0, 1015.0))
     net.settle(now=15.0)
     t = a.state.records.finished["t1"]
