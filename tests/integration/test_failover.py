@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from swarm.client import RequestFailed
 from swarm.localcluster import LocalAgent
 from tests.conftest import AgentFactory
 from tests.integration.test_cluster import all_see, wait_for
@@ -157,7 +158,13 @@ def test_home_lost_with_tasks_queued_there_its_replica_runs_them(
     assert rec["task"]["spec"]["home"] == "ra" and "ra did not answer" in rec["note"]
 
     def adopted() -> bool:  # each by its own replica (rendezvous per task id)
-        homes = [status(x, t)["task"]["spec"]["home"] for t in [long_id, *ids] for x in (b, c)]
+        try:
+            homes = [status(x, t)["task"]["spec"]["home"] for t in [long_id, *ids] for x in (b, c)]
+        except RequestFailed as e:
+            # a survivor without a copy asks its peers (2 s each): under load (make test
+            # on 2 cores) the other survivor may not answer in time, for a moment
+            assert e.code == "not_found", e
+            return False
         return all(h in ("rb", "rc") for h in homes)
 
     took = wait_for(adopted, 30, "the replicas to take the three tasks over")

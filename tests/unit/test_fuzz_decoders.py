@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import msgpack
 import pytest
 import trio
@@ -31,7 +32,7 @@ from swarm.cluster import gang as gg
 from swarm.cluster import gangwire, succession
 from swarm.cluster import messages as msgs
 from swarm.node import replicas
-from swarm.runtime import fencingio, journaldb, net
+from swarm.runtime import fencingio, gangio, journaldb, net
 from swarm.runtime import journal as jr
 from swarm.runtime.api import ApiServer, Ops, PeerCred
 
@@ -116,62 +117,96 @@ SPEC = m.TaskSpec(
     submitted_at=1.0,
     home="n1",
 )
+GANG_SPEC = attrs.evolve(
+    SPEC,
+    id="g0123456789abcdef",
+    gang=m.GangRequest(size=4, mode="nonstrict", min_available=3, restart=True, timeout=60.0),
+)
 TASK = m.new_task(SPEC, 2.0, "n1")
 GPUF = m.GpuDeviceFree(index=0, free_core=50, free_mem=1 << 30, total_mem=1 << 34)
 LOAD = m.LoadReport(node="n1", version=5, cpus=4.0, mem_total=1 << 33, gpus=(GPUF,))
 MEMBER = m.Member(node="n2", addr="10.0.0.2", port=7946, incarnation=3, cluster="c")
 NOTICE = succession.Notice("n1", "t0123456789abcdef", "n2", 3, "n2", ("n3", "n4"), 1)
 
-CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = [
-    ("task", codec.task_from_wire, codec.task_to_wire(TASK)),
-    ("task_spec", codec.task_spec_from_wire, codec.task_spec_to_wire(SPEC)),
-    ("transition", codec.transition_from_wire, codec.transition_to_wire(TASK.history[0])),
-    ("load_report", codec.load_report_from_wire, codec.load_report_to_wire(LOAD)),
-    ("member", codec.member_from_wire, codec.member_to_wire(MEMBER)),
-    ("gpu_request", codec.gpu_request_from_wire, codec.gpu_request_to_wire(SPEC.gpu)),  # type: ignore[arg-type]
-    (
-        "adoption_notice",
-        lambda obj: succession.notice_from_wire(obj, "n1"),
-        succession.notice_to_wire(NOTICE),
-    ),
-    (
-        "replica_msg",
-        replicas.replica_msg_from_wire,
-        replicas.replica_msg_to_wire(
-            replicas.ReplicaMsg("hold", SPEC.id, "n1", "n2", ("n3",), SPEC)
+CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = (
+    [
+        ("task", codec.task_from_wire, codec.task_to_wire(TASK)),
+        ("task_spec", codec.task_spec_from_wire, codec.task_spec_to_wire(SPEC)),
+        ("transition", codec.transition_from_wire, codec.transition_to_wire(TASK.history[0])),
+        ("load_report", codec.load_report_from_wire, codec.load_report_to_wire(LOAD)),
+        ("member", codec.member_from_wire, codec.member_to_wire(MEMBER)),
+        ("gpu_request", codec.gpu_request_from_wire, codec.gpu_request_to_wire(SPEC.gpu)),  # type: ignore[arg-type]
+        (
+            "adoption_notice",
+            lambda obj: succession.notice_from_wire(obj, "n1"),
+            succession.notice_to_wire(NOTICE),
         ),
-    ),
-    (
-        "replica_release_final",
-        replicas.replica_msg_from_wire,
-        replicas.replica_msg_to_wire(
-            replicas.ReplicaMsg(
-                "release",
-                SPEC.id,
-                "n1",
-                "n2",
-                ("n3",),
-                final=replicas.Final("succeeded", 0, None, "", 3.0),
-            )
+        (
+            "replica_msg",
+            replicas.replica_msg_from_wire,
+            replicas.replica_msg_to_wire(
+                replicas.ReplicaMsg("hold", SPEC.id, "n1", "n2", ("n3",), SPEC)
+            ),
         ),
-    ),
-    ("lease_request", fencingio.lease_request_from_wire, {"task": SPEC.id, "epoch": 3}),
-    ("lease_reply", fencingio.lease_reply_from_wire, {"granted": True, "why": ""}),
-] + [
-    (f"gang_{type(msg).__name__.lower()}", gangwire.from_wire, gangwire.to_wire(msg))
-    for msg in (
-        gg.Prepare("g0123456789abcdef", 2, (0, 3), 5.0),
-        gg.Commit("g0123456789abcdef", 2, {0: 0, 3: 3}, 4, "n2", 29500, 15.0),
-        gg.Renew("g0123456789abcdef", 2, 7, 15.0),
-        gg.Abort("g0123456789abcdef", 2, "rank 1 exited 3"),
-        gg.Granted("g0123456789abcdef", 2, 29500),
-        gg.Refused("g0123456789abcdef", 2, "room for 0 of 2"),
-        gg.Started("g0123456789abcdef", 2, (0, 3)),
-        gg.Alive("g0123456789abcdef", 2, (0,), {3: 1}),
-        gg.Gone("g0123456789abcdef", 2, "no hold"),
-        gg.Aborted("g0123456789abcdef", 2),
-    )
-]
+        (
+            "replica_release_final",
+            replicas.replica_msg_from_wire,
+            replicas.replica_msg_to_wire(
+                replicas.ReplicaMsg(
+                    "release",
+                    SPEC.id,
+                    "n1",
+                    "n2",
+                    ("n3",),
+                    final=replicas.Final("succeeded", 0, None, "", 3.0),
+                )
+            ),
+        ),
+        ("lease_request", fencingio.lease_request_from_wire, {"task": SPEC.id, "epoch": 3}),
+        ("lease_reply", fencingio.lease_reply_from_wire, {"granted": True, "why": ""}),
+    ]
+    + [
+        (f"gang_{type(msg).__name__.lower()}", gangwire.from_wire, gangwire.to_wire(msg))
+        for msg in (
+            gg.Prepare("g0123456789abcdef", 2, (0, 3), 5.0),
+            gg.Commit("g0123456789abcdef", 2, {0: 0, 3: 3}, 4, "n2", 29500, 15.0),
+            gg.Renew("g0123456789abcdef", 2, 7, 15.0),
+            gg.Abort("g0123456789abcdef", 2, "rank 1 exited 3"),
+            gg.Granted("g0123456789abcdef", 2, 29500),
+            gg.Refused("g0123456789abcdef", 2, "room for 0 of 2"),
+            gg.Started("g0123456789abcdef", 2, (0, 3)),
+            gg.Alive("g0123456789abcdef", 2, (0,), {3: 1}),
+            gg.Gone("g0123456789abcdef", 2, "no hold"),
+            gg.Aborted("g0123456789abcdef", 2),
+        )
+    ]
+    + [
+        # issue 22 in the agent: a gang's and a member's record, and the op `gang` itself
+        ("task_spec_gang", codec.task_spec_from_wire, codec.task_spec_to_wire(GANG_SPEC)),
+        (
+            "task_spec_member",
+            codec.task_spec_from_wire,
+            codec.task_spec_to_wire(
+                attrs.evolve(
+                    SPEC,
+                    id="g0123456789abcdef.1",
+                    member=m.GangRole(GANG_SPEC.id, "n1", 2, 1, 1, 4),
+                )
+            ),
+        ),
+        (
+            "gang_op",
+            gangio.gang_request_from_wire,
+            {
+                "op": "gang",
+                "msg": gangwire.to_wire(gg.Commit(GANG_SPEC.id, 2, {0: 0}, 4, "n2", 29500, 15.0)),
+                "spec": codec.task_spec_to_wire(GANG_SPEC),
+                "run": 1,
+                "master_addr": "10.0.0.2",
+            },
+        ),
+    ]
+)
 
 
 def test_the_samples_decode() -> None:
@@ -354,10 +389,22 @@ VALID_SUBMIT: dict[str, Any] = {
     "no_retry": True,
     "id": "my-task",
 }
+VALID_GANG_SUBMIT: dict[str, Any] = {
+    **VALID_SUBMIT,
+    "migrate": "never",
+    "gang": {"size": 4, "mode": "nonstrict", "min_available": 2, "restart": True, "timeout": 5.0},
+}
 
 
 def test_the_submit_sample_is_valid() -> None:
     _submit_fields(dict(VALID_SUBMIT))
+    _submit_fields(dict(VALID_GANG_SUBMIT))
+
+
+@FUZZ
+@given(mutated(VALID_GANG_SUBMIT))
+def test_gang_submit_mutated(obj: Any) -> None:
+    only_typed(lambda: _submit_fields(obj))
 
 
 @FUZZ

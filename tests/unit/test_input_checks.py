@@ -254,3 +254,29 @@ def test_good_placement_fields_make_the_spec() -> None:
     assert spec.constraints == ("pool=a", "mem>=8G") and spec.prefer == ("rack=r1",)
     assert (spec.job, spec.spread, spec.anti_affinity) == ("j1", "rack", 2)
     assert spec.data == ("imagenet",) and spec.cwd_any
+
+
+def test_the_client_turns_gang_options_into_one_gang_map() -> None:
+    extra: dict[str, object] = {"gang": 4}
+    client.gang_request(extra)
+    assert extra == {"gang": {"size": 4}}
+    extra = {"gang": 8, "gang_mode": "nonstrict", "gang_restart": True, "gang_timeout": 60.0}
+    client.gang_request(extra)
+    assert extra == {
+        "gang": {
+            "size": 8,
+            "mode": "nonstrict",
+            "min_available": 8,
+            "restart": True,
+            "timeout": 60.0,
+        }
+    }
+    extra = {"gang": 8, "gang_mode": "nonstrict", "min_available": 6}
+    client.gang_request(extra)
+    assert extra["gang"] == {"size": 8, "mode": "nonstrict", "min_available": 6}
+    with pytest.raises(client.InvalidRequest, match="min_available without gang=N"):
+        client.gang_request({"min_available": 2})
+    with pytest.raises(client.InvalidRequest, match="gang must be a number"):
+        client.gang_request({"gang": "4"})
+    with pytest.raises(client.InvalidRequest, match="gang must be a number"):
+        client.gang_request({"gang": True})
