@@ -193,7 +193,10 @@ class Coordinator(GangRounds):
         if self.phase is not Phase.PREPARING:
             return []
         # the hold lasts hold_ttl from the arrival of the prepare answered, sent then
-        share.hold_from = max(share.hold_from, share.sent.get(msg.seq, share.asked_at or now))
+        share.hold_from = max(
+            share.hold_from,
+            share.sent.get(msg.seq, share.asked_at if share.asked_at is not None else now),
+        )
         if share.granted or share.node != self.order[self.next_ask]:
             return []  # a kept hold's answer, or an answer out of turn
         share.granted = True
@@ -272,7 +275,11 @@ class Coordinator(GangRounds):
             for s in self.shares.values()
             if s.committed_at is not None and not s.started and not s.gone
         ]
-        if any(now >= (s.committed_at or now) + t.answer_timeout for s in waiting):
+        # (committed_at is set for every waiting share; 0.0 is a time like any other)
+        if any(
+            now >= (s.committed_at if s.committed_at is not None else now) + t.answer_timeout
+            for s in waiting
+        ):
             if self.spec.mode is g.Mode.STRICT:
                 return self._fail_round(now, f"commit not answered in {t.answer_timeout:g} s")
             for s in waiting:

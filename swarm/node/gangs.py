@@ -93,6 +93,7 @@ class Gangs:
     gang_coords: dict[m.TaskId, Coordinator]
     gang_rounds: dict[m.TaskId, int]  # journaled: the newest round of a gang homed here
     gang_runs: dict[m.TaskId, tuple[int, int]]  # home: gang -> (round, start number)
+    gang_starts: dict[m.TaskId, int]  # journaled: rounds of a gang that sent a commit
     gang_timers: g.Timers
     gang_specs: dict[str, m.TaskSpec]  # member side: the gang's spec, from its prepare
     gang_members: dict[tuple[str, int, int], m.TaskId]  # (gang, round, slot) -> member
@@ -102,6 +103,7 @@ class Gangs:
         self.gang_coords = {}
         self.gang_rounds = {}
         self.gang_runs = {}
+        self.gang_starts = {}
         self.gang_timers = timers
         self.gang_specs = {}
         self.gang_members = {}
@@ -284,8 +286,8 @@ class Gangs:
         local = sorted(i.ranks.values())
         for slot, rank in sorted(i.ranks.items()):
             tid = member_id(spec.id, rank, run)
-            if self.records.get_cached(tid) is not None:
-                tid = member_id(spec.id, rank, 100 + i.round)  # a second start, same run
+            if self.records.get_cached(tid) is not None:  # never: starts are journaled
+                return [ev.log("error", "gang.member_exists", gang=i.gang, task=tid)]
             env = {
                 **spec.env,
                 "SWARM_GANG_ID": spec.id,
@@ -379,7 +381,7 @@ class Gangs:
         out: list[ev.Instruction] = []
         for i in instrs:
             if isinstance(i, g.Send):
-                out.append(self._send(i))
+                out += self._send(i)
             elif isinstance(i, g.WakeAt):
                 at = min(self.due.get("gangs", i.at), i.at)
                 self.due["gangs"] = at
@@ -391,7 +393,7 @@ class Gangs:
                     out += self._gang_out(c.on_targets(now, targets, why), now, wall)
             elif isinstance(i, g.RoundStarted):
                 self.gang_rounds[i.gang] = i.round
-                out.append(ev.Persist((ev.Put(GANG + i.gang, {"round": i.round}),), durable=True))
+                out.append(self._round_key(i.gang, i.round))
             elif isinstance(i, g.GangRunning):
                 out += self._gang_running(i, wall)
             elif isinstance(i, g.GangEnded):
@@ -407,20 +409,30 @@ class Gangs:
                 out += self._holds_changed(i.gang)
         return out + self._restarting(wall)
 
-    def _send(self, i: g.Send) -> ev.SendGang:
-        """A prepare and a commit carry the gang's spec; a commit which start it is."""
+    def _send(self, i: g.Send) -> list[ev.Instruction]:
+        """A prepare and a commit carry the gang's spec; a commit which start of the
+        gang it is (its members' ids). The first commit of a round counts a start, and
+        the count is journaled before the commit leaves, so that no two starts of a
+        gang ever give their members the same ids (a restarted home included)."""
         msg = i.msg
-        if isinstance(msg, (g.Prepare, g.Commit)):
-            t = self.records.active.get(msg.gang)
-            spec = t.spec if t is not None else None
-            run = 0
-            if isinstance(msg, g.Commit):
-                rnd, run = self.gang_runs.get(msg.gang, (0, 0))
-                if rnd != msg.round:
-                    run = (t.attempts if t is not None else 0) + 1
-                    self.gang_runs[msg.gang] = (msg.round, run)
-            return ev.SendGang(i.to, msg, spec, run)
-        return ev.SendGang(i.to, msg)
+        if not isinstance(msg, (g.Prepare, g.Commit)):
+            return [ev.SendGang(i.to, msg)]
+        t = self.records.active.get(msg.gang)
+        spec = t.spec if t is not None else None
+        if isinstance(msg, g.Prepare):
+            return [ev.SendGang(i.to, msg, spec)]
+        out: list[ev.Instruction] = []
+        rnd, run = self.gang_runs.get(msg.gang, (0, 0))
+        if rnd != msg.round:
+            run = self.gang_starts.get(msg.gang, 0) + 1
+            self.gang_starts[msg.gang] = run
+            self.gang_runs[msg.gang] = (msg.round, run)
+            out.append(self._round_key(msg.gang, msg.round))
+        return [*out, ev.SendGang(i.to, msg, spec, run)]
+
+    def _round_key(self, gang: m.TaskId, rnd: int) -> ev.Persist:
+        value = {"round": rnd, "starts": self.gang_starts.get(gang, 0)}
+        return ev.Persist((ev.Put(GANG + gang, value),), durable=True)
 
     def _gang_running(self, i: g.GangRunning, wall: float) -> list[ev.Instruction]:
         t = self.records.active.get(i.gang)
@@ -436,6 +448,7 @@ class Gangs:
         c = self.gang_coords.pop(i.gang, None)
         self.gang_runs.pop(i.gang, None)
         self.gang_rounds.pop(i.gang, None)
+        self.gang_starts.pop(i.gang, None)
         t = self.records.active.get(i.gang)
         out: list[ev.Instruction] = [ev.Persist((ev.Delete(GANG + i.gang),))]
         if t is None:
@@ -462,10 +475,14 @@ class Gangs:
         return out
 
 
-def restore_gang_rounds(kv: dict[str, Any]) -> dict[m.TaskId, int]:
-    """The newest round numbered for each gang homed here (journal keys gang:<id>)."""
-    out: dict[m.TaskId, int] = {}
+def restore_gang_rounds(kv: dict[str, Any]) -> tuple[dict[m.TaskId, int], dict[m.TaskId, int]]:
+    """The newest round numbered, and the starts counted, for each gang homed here
+    (journal keys gang:<id>)."""
+    rounds: dict[m.TaskId, int] = {}
+    starts: dict[m.TaskId, int] = {}
     for key, v in kv.items():
         if key.startswith(GANG) and isinstance(v, dict) and isinstance(v.get("round"), int):
-            out[key[len(GANG) :]] = v["round"]
-    return out
+            rounds[key[len(GANG) :]] = v["round"]
+            if isinstance(v.get("starts"), int):
+                starts[key[len(GANG) :]] = v["starts"]
+    return rounds, starts

@@ -211,7 +211,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
             self.state.globals = globals_
         self.state.adopted = restore_adopted(kv)
         self.state.mine, self.state.held = restore_replicas(kv)
-        self.state.gang_rounds = restore_gang_rounds(kv)
+        self.state.gang_rounds, self.state.gang_starts = restore_gang_rounds(kv)
         usage = kv.get(USAGE_KEY)
         if usage is not None:
             try:

@@ -10,6 +10,7 @@ journaled one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -69,6 +70,7 @@ class GangNet:
         self.nodes = {n.name: n for n in nodes}
         self.now = 0.0
         self.ports = 5000
+        self.drop: Callable[[str, ev.SendGang], bool] = lambda src, i: False
 
     def settle(self, limit: int = 500) -> None:
         for _ in range(limit):
@@ -84,8 +86,8 @@ class GangNet:
 
     def deliver(self, src: str, i: ev.SendGang) -> None:
         dest = self.nodes.get(i.dest)
-        if dest is None:
-            return  # dead
+        if dest is None or self.drop(src, i):
+            return  # dead, or lost
         msg = gangwire.from_wire(gangwire.to_wire(i.msg))  # as the wire carries it
         commitment = None
         if i.spec is not None:
@@ -158,7 +160,7 @@ def test_a_strict_gang_starts_its_members_with_ranks_and_the_rendezvous() -> Non
         assert env["MASTER_PORT"] == zero.spec.env["MASTER_PORT"] != "0"
         assert t.spec.home == t.node and t.spec.member and t.spec.member.home == "A"
         assert t.spec.user == "alice" and t.spec.no_retry
-    assert a.kv[GANG + spec.id] == {"round": 1}
+    assert a.kv[GANG + spec.id] == {"round": 1, "starts": 1}
     net.tick(0.1)
     assert a.state.records.active[spec.id].state is S.RUNNING
     # a member's run lease is what its supervisor gets
@@ -292,17 +294,24 @@ def test_cancel_ends_the_gang_cancelled_and_stops_its_members() -> None:
 
 
 def test_a_restarted_home_numbers_its_next_round_after_the_journaled_one() -> None:
-    assert restore_gang_rounds({GANG + "job~alice": {"round": 7}, "other": 1}) == {"job~alice": 7}
+    kv = {GANG + "job~alice": {"round": 7, "starts": 2}, "other": 1}
+    assert restore_gang_rounds(kv) == ({"job~alice": 7}, {"job~alice": 2})
     net, nodes = _cluster()
     a = nodes[0]
-    a.state.gang_rounds = {"job~alice": 7}
+    a.state.gang_rounds, a.state.gang_starts = {"job~alice": 7}, {"job~alice": 2}
     spec = _submit(a, net)
     assert a.kv.get(GANG + spec.id) is None  # it waits for the old round's leases first
     for _ in range(40):
         net.tick(0.5)
         if a.kv.get(GANG + spec.id):
             break
-    assert a.kv[GANG + spec.id] == {"round": 8}
+    assert a.kv[GANG + spec.id]["round"] == 8
+    for _ in range(10):
+        net.tick(0.5)
+    # its third start: the members' ids say so (the first two may still exist somewhere)
+    members = sorted(t.id for n in nodes for t in n.members())
+    assert members == [f"job.{r}.3~alice" for r in range(4)], members
+    assert a.kv[GANG + spec.id] == {"round": 8, "starts": 3}
 
 
 def test_the_gang_op_is_decoded_strictly() -> None:
@@ -345,3 +354,27 @@ def test_bad_gang_requests_name_the_field(gang: dict[str, Any], why: str) -> Non
     f = wire.Fields({"argv": ["x"], "gang": gang}, "submit")
     with pytest.raises(wire.WireError, match=why):
         submit_spec(f, uid=0, user="root", home="A", now=0.0)
+
+
+def test_a_start_that_failed_half_way_gives_the_next_start_new_member_ids() -> None:
+    net, nodes = _cluster()
+    a = nodes[0]
+    # every commit to D is lost: the round starts members elsewhere, then fails
+    net.drop = lambda src, i: i.dest == "D" and isinstance(i.msg, g.Commit)
+    spec = _submit(a, net)
+    first = sorted(t.id for n in nodes for t in n.members())
+    assert first and all(t.count(".") == 1 for t in first)  # job.R~alice: start 1
+    for _ in range(6):
+        net.tick(0.5)
+    # the round failed: the members that started were told to stop
+    assert sorted(tid for n in nodes for tid in n.stopped) == first
+    net.drop = lambda src, i: False
+    for n in nodes:  # the stopped members end
+        for tid in list(n.running):
+            n.finish(tid, 143, now=net.now, wall=1000.0 + net.now)
+    for _ in range(60):
+        net.tick(0.5)
+        if a.state.records.active[spec.id].state is S.RUNNING:
+            break
+    second = sorted(t.id for n in nodes for t in n.members())
+    assert second == [f"job.{r}.2~alice" for r in range(4)], second
