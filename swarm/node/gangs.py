@@ -301,7 +301,7 @@ class Gangs:
             mspec = attrs.evolve(
                 spec,
                 id=tid,
-                name=spec.name or spec.id,
+                name=spec.name,
                 env=env,
                 home=self.node,
                 gang=None,
