@@ -413,6 +413,13 @@ class GangSubmitted(Stimulus):
 
 
 @attrs.frozen
+class ArraySubmitted(Stimulus):
+    """An array's record was written here (or found at start-up): create its elements."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
 class GangMessage(Stimulus):
     """A gang protocol message from a peer (`commitment`: what a prepare or commit
     carried besides; `port`: one reserved for a rendezvous, given with a prepare)."""
@@ -447,4 +454,5 @@ Event = (
     | GangSubmitted
     | GangMessage
     | GangCancel
+    | ArraySubmitted
 )

@@ -30,6 +30,7 @@ from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpd
 from ..logs import EventLog
 from ..node import events as ev
 from ..node import recovery
+from ..node.arrays import restore_array_progress
 from ..node.failover import restore_adopted
 from ..node.gangs import restore_gang_rounds
 from ..node.loadstate import changed_meaningfully
@@ -212,6 +213,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
         self.state.adopted = restore_adopted(kv)
         self.state.mine, self.state.held = restore_replicas(kv)
         self.state.gang_rounds, self.state.gang_starts = restore_gang_rounds(kv)
+        self.state.array_progress = restore_array_progress(kv)
         usage = kv.get(USAGE_KEY)
         if usage is not None:
             try:
@@ -240,6 +242,8 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
                 mine = t.spec.home == self.node and t.node == self.node and not t.spec.is_global
                 if mine and t.spec.gang is not None:
                     self.gang_submitted(t.id)  # its coordinator resumes after its last round
+                elif mine and t.spec.array:
+                    self.array_submitted(t.id)  # its elements go on from its progress
                 elif t.spec.member is not None and t.state is S.QUEUED:
                     # a member never started: its round ended with the restart (a member
                     # starts with its gang or not at all)
@@ -421,6 +425,18 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
             self.state.note_state(task.id, False)
         now, wall = self._time()
         self.run_inline(self.state.handle(ev.TaskEnded(now, wall, self._next_id(), task)))
+
+    # ------------------------------------------------------------ arrays
+
+    def array_submitted(self, tid: m.TaskId) -> None:
+        now, wall = self._time()
+        self.run_inline(self.state.handle(ev.ArraySubmitted(now, wall, self._next_id(), tid)))
+
+    def array_cancel(self, tid: m.TaskId, why: str) -> list[m.TaskId]:
+        """Stop an array's elements from being created; its unfinished ones to cancel."""
+        ids, instrs = self.state.array_cancel(tid, why, self.clock.wall())
+        self.run_inline(instrs)
+        return ids
 
     # ------------------------------------------------------------ membership
 

@@ -178,6 +178,12 @@ class LocalOps(ExplainOps):
             if spec.is_global:
                 await self.coord.globals_io.add(spec)
                 return {"id": spec.id, "global": True}
+            if spec.array:  # its elements are created here, lazily (node/arrays.py)
+                await self.table.add(
+                    m.new_task(spec, self.clock.wall(), self.node),
+                    on_written=lambda t: self.coord.array_submitted(t.id),
+                )
+                return {"id": spec.id, "array": spec.array}
             if spec.gang is not None:  # coordinated here; its members are records where
                 # they run (no copies elsewhere: a gang needs its home, docs/gang.md)
                 await self.table.add(
@@ -235,6 +241,8 @@ class LocalOps(ExplainOps):
         f.done()
         self.access.authorize(t, cred)
         out = {"task": codec.task_to_wire(t), "migrations": await self._migrations(t)}
+        if t.spec.array:
+            out["elements"] = self.coord.state.array_counts(t.id) or {}
         if note is not None:
             out["note"] = note
         return out
@@ -254,6 +262,7 @@ class LocalOps(ExplainOps):
 
     async def op_list(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         show_all = f.bool("all", False)
+        expand = f.bool("expand", False)
         limit = f.int("limit", 1000, lo=1, hi=100_000)
         f.done()
         tasks = sorted(self.table.active.values(), key=lambda t: (t.created_at, t.id))
@@ -271,7 +280,22 @@ class LocalOps(ExplainOps):
             tasks = [t for t in tasks if self.access.owns(t, cred, name)]
         tasks = tasks[-limit:]
         classes = dict(self.queue_ops.sharing.classes)
-        return {"tasks": [codec.task_to_wire(t) for t in tasks], "classes": classes}
+        return {"tasks": self._listed(tasks, expand), "classes": classes}
+
+    def _listed(self, tasks: list[m.Task], expand: bool) -> list[dict[str, Any]]:
+        """Each task's record; an array's with its elements counted by state, and its
+        elements left out unless `expand` (a million lines say less than one)."""
+        arrays = {t.id for t in tasks if t.spec.array}
+        out = []
+        for t in tasks:
+            el = t.spec.element
+            if el is not None and el.array in arrays and not expand:
+                continue
+            rec = codec.task_to_wire(t)
+            if t.spec.array:
+                rec["elements"] = self.coord.state.array_counts(t.id) or {}
+            out.append(rec)
+        return out
 
     async def op_cancel(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self.access.task(f, cred)
@@ -293,6 +317,16 @@ class LocalOps(ExplainOps):
                         break
                     await self.table.wait_change(t.id)
             return self.table.get_cached(t.id) or t
+        if t.spec.array and t.spec.home == self.node:
+            ids = self.coord.array_cancel(t.id, cause)
+            async with trio.open_nursery() as n:
+                for eid in ids:
+                    e = self.table.get_cached(eid)
+                    if e is not None and not e.state.terminal:
+                        n.start_soon(self.cancel_task, e, cause)
+            with trio.move_on_after(30):
+                return await self.table.wait_terminal(t.id)
+            return await self.table.get(t.id)
         if t.spec.gang is not None and t.spec.home == self.node:
             self.coord.gang_cancel(t.id, cause)
             with trio.move_on_after(30):
