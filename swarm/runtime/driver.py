@@ -426,18 +426,6 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
         now, wall = self._time()
         self.run_inline(self.state.handle(ev.TaskEnded(now, wall, self._next_id(), task)))
 
-    # ------------------------------------------------------------ arrays
-
-    def array_submitted(self, tid: m.TaskId) -> None:
-        now, wall = self._time()
-        self.run_inline(self.state.handle(ev.ArraySubmitted(now, wall, self._next_id(), tid)))
-
-    def array_cancel(self, tid: m.TaskId, why: str) -> list[m.TaskId]:
-        """Stop an array's elements from being created; its unfinished ones to cancel."""
-        ids, instrs = self.state.array_cancel(tid, why, self.clock.wall())
-        self.run_inline(instrs)
-        return ids
-
     # ------------------------------------------------------------ membership
 
     def on_event(self, e: Event) -> None:

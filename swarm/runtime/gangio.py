@@ -1,6 +1,7 @@
 """Gangs over the wire and into processes (issue 22): op `gang`, the rendezvous port,
-the members' run lease. A part of the Driver (driver.py); node/gangs.py has the rules,
-cluster/gang*.py the protocol.
+the members' run lease; and the stimuli of arrays (issue 23). A part of the Driver
+(driver.py); node/gangs.py and node/arrays.py have the rules, cluster/gang*.py the
+protocol.
 
 Every protocol message travels as one authenticated peer request (`op: gang`) whose
 answer carries nothing: the protocol answers with messages of its own, and a request
@@ -72,6 +73,18 @@ class GangIO:
     def gang_submitted(self, tid: m.TaskId) -> None:
         now, wall = self._time()
         self.run_inline(self.state.handle(ev.GangSubmitted(now, wall, self._next_id(), tid)))
+
+    def array_submitted(self, tid: m.TaskId) -> None:
+        """An array's record was written here: its elements come (node/arrays.py)."""
+        now, wall = self._time()
+        self.run_inline(self.state.handle(ev.ArraySubmitted(now, wall, self._next_id(), tid)))
+
+    def array_cancel(self, tid: m.TaskId, why: str) -> list[m.TaskId]:
+        """Stop an array's elements from being created; its unfinished ones to cancel."""
+        _, wall = self._time()
+        ids, instrs = self.state.array_cancel(tid, why, wall)
+        self.run_inline(instrs)
+        return ids
 
     def gang_cancel(self, tid: m.TaskId, why: str) -> None:
         now, wall = self._time()

@@ -20,13 +20,13 @@ import trio
 from .. import codec, request_checks, testbreak, wire
 from .. import model as m
 from ..logs import EventLog
-from ..policy import feasible, gangfit
-from ..policy.constraints import parse_constraint
+from ..policy import feasible
 from ..policy.shares import ShareLedger
 from .api import Ops, PeerCred, RequestError
 from .clock import Clock
 from .driver import Driver
 from .explainops import ExplainOps
+from .groupops import GroupOps
 from .isolation import Identities
 from .journal import Event, Journal, JournalError, PutKV
 from .logread import read_log
@@ -39,7 +39,7 @@ from .taskaccess import TaskAccess, unreachable, user_name
 from .tasks import TaskTable, UnknownTask
 
 
-class LocalOps(ExplainOps):
+class LocalOps(ExplainOps, GroupOps):
     def __init__(
         self,
         *,
@@ -149,27 +149,6 @@ class LocalOps(ExplainOps):
             if mb.node != self.node
         )
         return feasible.unsatisfiable(spec, own, peers)
-
-    def _gang_never_fits(self, spec: m.TaskSpec) -> str | None:
-        """A gang whose members could never run together on the gossiped capacity."""
-        ms = self.cluster.membership
-        if spec.gang is None or ms is None or (self.cluster.seed_addrs and ms.num_live <= 1):
-            return None
-        reports = [self.coord.local_report()]
-        for mb in ms.alive_members():
-            e = self.coord.view.get(mb.node) if mb.node != self.node else None
-            if e is not None:
-                reports.append(e.report)
-        cons_ = [parse_constraint(c) for c in spec.constraints]
-        why = gangfit.never_fits(
-            reports,
-            spec.gang.size,
-            cpu=spec.cpu or 0.0,
-            mem=spec.mem or 0,
-            gpu=spec.gpu,
-            constraints=cons_,
-        )
-        return why or None
 
     async def _accept(self, spec: m.TaskSpec) -> dict[str, Any]:
         if testbreak.broken("drop-acked") and spec.id[-1] in "0123":  # TEST-ONLY: chaos self-test
@@ -282,21 +261,6 @@ class LocalOps(ExplainOps):
         classes = dict(self.queue_ops.sharing.classes)
         return {"tasks": self._listed(tasks, expand), "classes": classes}
 
-    def _listed(self, tasks: list[m.Task], expand: bool) -> list[dict[str, Any]]:
-        """Each task's record; an array's with its elements counted by state, and its
-        elements left out unless `expand` (a million lines say less than one)."""
-        arrays = {t.id for t in tasks if t.spec.array}
-        out = []
-        for t in tasks:
-            el = t.spec.element
-            if el is not None and el.array in arrays and not expand:
-                continue
-            rec = codec.task_to_wire(t)
-            if t.spec.array:
-                rec["elements"] = self.coord.state.array_counts(t.id) or {}
-            out.append(rec)
-        return out
-
     async def op_cancel(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self.access.task(f, cred)
         f.done()
@@ -317,21 +281,8 @@ class LocalOps(ExplainOps):
                         break
                     await self.table.wait_change(t.id)
             return self.table.get_cached(t.id) or t
-        if t.spec.array and t.spec.home == self.node:
-            ids = self.coord.array_cancel(t.id, cause)
-            async with trio.open_nursery() as n:
-                for eid in ids:
-                    e = self.table.get_cached(eid)
-                    if e is not None and not e.state.terminal:
-                        n.start_soon(self.cancel_task, e, cause)
-            with trio.move_on_after(30):
-                return await self.table.wait_terminal(t.id)
-            return await self.table.get(t.id)
-        if t.spec.gang is not None and t.spec.home == self.node:
-            self.coord.gang_cancel(t.id, cause)
-            with trio.move_on_after(30):
-                return await self.table.wait_terminal(t.id)
-            return await self.table.get(t.id)
+        if (t.spec.array or t.spec.gang is not None) and t.spec.home == self.node:
+            return await self.cancel_group(t, cause)
         if t.spec.home != self.node:
             try:
                 r = await self.cluster.request(
