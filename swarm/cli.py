@@ -179,6 +179,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         extra["is_global"] = True
     if args.array:
         extra["array"] = args.array
+    if args.after:
+        extra["after"] = list(args.after)  # ID[INDEX] kept: the agent checks the index
     if args.at_most_once:
         extra["at_most_once"] = True
     if args.gang is not None:
@@ -840,6 +842,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cwd", help="working directory (default: the current one)")
     s.add_argument(
         "--no-retry", action="store_true", help="never run twice: fail/lose instead of re-running"
+    )
+    s.add_argument(
+        "--after",
+        action="append",
+        metavar="COND:ID[,ID]",
+        help="start only once these ended: ok (all succeeded), any, notok (none"
+        " succeeded); an ID may be an array (all its elements) or ID[INDEX]; repeatable",
     )
     s.add_argument(
         "--array",

@@ -14,7 +14,7 @@ import attrs
 from . import limits as lim
 from . import model as m
 from .model import GROUP_RULE, MAX_PRIORITY, valid_group_name
-from .policy import arrays
+from .policy import arrays, depends
 from .policy.constraints import (
     JOB_RULE,
     KEY_RULE,
@@ -75,6 +75,7 @@ def task_spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
         **({"gang": attrs.asdict(s.gang)} if s.gang is not None else {}),
         **({"member": attrs.asdict(s.member)} if s.member is not None else {}),
         **({"array": s.array} if s.array else {}),
+        **({"after": list(s.after)} if s.after else {}),
         **({"element": attrs.asdict(s.element)} if s.element is not None else {}),
     }
 
@@ -124,6 +125,7 @@ def task_spec_from_wire(obj: Any) -> m.TaskSpec:
         member=f.nested("member", gang_role_from_wire),
         array=_array_text(f.str("array", "", max_len=4096), "task"),
         element=f.nested("element", array_role_from_wire),
+        after=_after(f.str_list("after", max_items=64), "task"),
     )
     f.done()
     return spec
@@ -166,6 +168,14 @@ def _array_text(text: str, what: str) -> str:
         # a stored record is read back whatever the node's array-max is now
         return arrays.parse_array(text, max_elements=arrays.MAX_INDEX + 1).text()
     except arrays.ArrayError as e:
+        raise SchemaError(f"{what}: {e}") from None
+
+
+def _after(clauses: list[str], what: str) -> tuple[str, ...]:
+    """`--after` clauses, each checked (policy/depends.py), in canonical form."""
+    try:
+        return tuple(a.text() for a in depends.parse_after(clauses))
+    except depends.DependencyError as e:
         raise SchemaError(f"{what}: {e}") from None
 
 

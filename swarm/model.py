@@ -226,6 +226,9 @@ class TaskSpec:
     # issue 23: an array's record (its `--array` text, canonical), or one element
     array: str = ""
     element: ArrayRole | None = None
+    # issue 23: wait at the home until these `--after` clauses hold (COND:ID[,ID...],
+    # every parent a task id, resolved at submit: node/depends.py)
+    after: tuple[str, ...] = ()
 
 
 def same_submission(a: TaskSpec, b: TaskSpec) -> bool:

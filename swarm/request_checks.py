@@ -14,6 +14,7 @@ from . import codec, wire
 from . import limits as lim
 from . import model as m
 from .policy.arrays import MAX_ELEMENTS, ArrayError, parse_array
+from .policy.depends import DependencyError, parse_after
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
@@ -154,6 +155,7 @@ def submit_spec(
         at_most_once=f.bool("at_most_once", False),
         gang=f.nested("gang", lambda o: codec.gang_request_from_wire(o, "submit: gang")),
         array=_array(f.str("array", None, max_len=4096), array_max),
+        after=_after(f.str_list("after", max_items=64)),
     )
     f.done()
     if spec.gang is not None:
@@ -177,6 +179,14 @@ def _array(text: str | None, array_max: int) -> str:
     try:
         return parse_array(text, max_elements=array_max).text()
     except ArrayError as e:
+        raise wire.SchemaError(f"submit: {e}") from None
+
+
+def _after(clauses: list[str]) -> tuple[str, ...]:
+    """`--after` clauses, checked for form (the submit resolves and checks the ids)."""
+    try:
+        return tuple(a.text() for a in parse_after(clauses))
+    except DependencyError as e:
         raise wire.SchemaError(f"submit: {e}") from None
 
 

@@ -35,6 +35,7 @@ from ..policy.view import LoadView
 from . import events as ev
 from . import gate
 from .arrays import Arrays
+from .depends import Depends
 from .failover import Failover
 from .fencing import FENCE_TTL, FENCED, Fencing, RunnerLease
 from .gangs import Gangs
@@ -81,7 +82,17 @@ class Settings:
 
 
 class NodeState(
-    Location, Failover, Fencing, Gangs, Arrays, Replicas, LoadState, Placing, Timers, RunQueue
+    Location,
+    Failover,
+    Fencing,
+    Gangs,
+    Arrays,
+    Depends,
+    Replicas,
+    LoadState,
+    Placing,
+    Timers,
+    RunQueue,
 ):
     def __init__(
         self,
@@ -115,6 +126,7 @@ class NodeState(
         self.fence_ttl = settings.fence_ttl
         self.init_gangs(settings.gang_timers)
         self.init_arrays()
+        self.init_depends()
         self.fence_leases: dict[m.TaskId, RunnerLease] = {}
         self.fence_granted: dict[m.TaskId, float] = {}  # home side: last grant (our now)
         self.fence_since: float | None = None  # our first tick (fencing.fence_hold)
@@ -226,6 +238,10 @@ class NodeState(
                 out += self.gang_cancel(s.task_id, s.why, now, wall)
             elif isinstance(s, ev.ArraySubmitted):
                 out += self.array_submitted(s.task_id, now, wall)
+            elif isinstance(s, ev.DepsSubmitted):
+                out += self.deps_submitted(s.task_id, now, wall)
+            elif isinstance(s, ev.ParentsSeen):
+                out += self.parents_seen(dict(s.states), now, wall)
         return out
 
     # ------------------------------------------------------------ helpers

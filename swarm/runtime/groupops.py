@@ -7,14 +7,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from .. import codec
 from .. import model as m
+from ..node.arrays import element_id
+from ..policy import arrays as ap
+from ..policy import depends as dp
 from ..policy import gangfit
+from ..policy.arrays import parse_array
 from ..policy.constraints import parse_constraint
+from .api import PeerCred, RequestError
 from .driver import Driver
 from .peers import ClusterNode
+from .taskaccess import TaskAccess, user_name
 from .tasks import TaskTable
 
 
@@ -23,6 +30,7 @@ class GroupOps:
     table: TaskTable
     cluster: ClusterNode
     coord: Driver
+    access: TaskAccess
 
     if TYPE_CHECKING:  # provided by LocalOps
 
@@ -64,9 +72,79 @@ class GroupOps:
             out.append(rec)
         return out
 
+    async def resolve_after(self, spec: m.TaskSpec, cred: PeerCred) -> m.TaskSpec:
+        """`--after` with every parent resolved to a task id that exists and that the
+        submitter may see: one's own chosen id as the owner's, `ID[INDEX]` as the
+        element's id (the index must be in the array; the element may not exist yet).
+        RequestError naming the field otherwise."""
+        if not spec.after:
+            return spec
+        clauses = dp.parse_after(spec.after)
+        out = []
+        for clause in clauses:
+            ids = []
+            for p in clause.parents:
+                t = await self._parent(p.task_id, cred)
+                if p.index is None:
+                    ids.append(t.id)
+                    continue
+                if not t.spec.array or p.index not in parse_array(t.spec.array, ap.MAX_INDEX + 1):
+                    raise RequestError(
+                        "invalid", f"submit: after: {p.text()} is not an element of an array"
+                    )
+                ids.append(element_id(t.id, p.index))
+            out.append(f"{clause.cond.value}:" + ",".join(ids))
+        resolved = attrs.evolve(spec, after=tuple(out))
+        if any(
+            pid == spec.id
+            for c in dp.parse_after(resolved.after)
+            for pid in (p.task_id for p in c.parents)
+        ):
+            raise RequestError("invalid", f"submit: after: {spec.id} cannot wait for itself")
+        return resolved
+
+    async def _parent(self, text: str, cred: PeerCred) -> m.Task:
+        candidates = [text]
+        if (
+            "~" not in text
+            and m.valid_client_task_id(text)
+            and not m.GENERATED_TASK_ID.fullmatch(text)
+        ):
+            candidates.insert(0, m.owned_task_id(text, cred.uid, user_name(cred.uid)))
+        for tid in candidates:
+            try:
+                t = await self.access.find(tid)
+            except RequestError:
+                continue
+            if not (self.access.operator(cred) or self.access.owns(t, cred, user_name(cred.uid))):
+                raise RequestError("invalid", f"submit: after: task {tid} belongs to another user")
+            return t
+        raise RequestError("invalid", f"submit: after: no task {text}")
+
+    async def read_parents(self, ids: list[m.TaskId]) -> dict[m.TaskId, str]:
+        """The final states of remote parents that have ended (for node/depends.py)."""
+        out: dict[m.TaskId, str] = {}
+
+        async def one(tid: m.TaskId) -> None:
+            try:
+                t = await self.access.find(tid)
+            except RequestError:
+                return
+            if t.state.terminal:
+                out[tid] = t.state.value
+
+        async with trio.open_nursery() as n:
+            for tid in ids[:64]:
+                n.start_soon(one, tid)
+        return out
+
     async def cancel_group(self, t: m.Task, cause: str) -> m.Task:
         """Cancel a gang or an array homed here: a gang's coordinator aborts its round;
-        an array creates nothing more and its unfinished elements are cancelled."""
+        an array creates nothing more and its unfinished elements are cancelled; one
+        still waiting for its parents (--after) is simply cancelled."""
+        st = self.coord.state
+        if t.state is m.TaskState.QUEUED and t.id not in st.arrays and t.id not in st.gang_coords:
+            return await self.table.change_durably(t.id, m.TaskState.CANCELLED, cause)
         if t.spec.array:
             ids = self.coord.array_cancel(t.id, cause)
             async with trio.open_nursery() as n:

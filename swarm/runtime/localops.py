@@ -70,6 +70,7 @@ class LocalOps(ExplainOps, GroupOps):
         self.log = log
         self.accepting = False  # submissions are taken (between start-up and shutdown)
         self.access = TaskAccess(node=node, table=table, cluster=cluster, copy_of=coord.copy_of)
+        coord.parent_reader = self.read_parents  # remote parents' ends (node/depends.py)
         self.shares = Shares(node=node, journal=journal, coord=coord, clock=clock)
         self._submitting: set[m.TaskId] = set()  # chosen ids between check and journal
         self.queue_ops = QueueOps(coord, runner, clock)
@@ -119,6 +120,7 @@ class LocalOps(ExplainOps, GroupOps):
         if never is not None and not (wait_for_node and spec.constraints):
             more = "; --wait-for-node queues it until one joins" if spec.constraints else ""
             raise RequestError("unsatisfiable", f"submit: {never}{more}")
+        spec = await self.resolve_after(spec, cred)
         chosen = "~" in spec.id  # a client's own id (a generated one is new by chance)
         if chosen:
             dup = await self._resubmitted(spec, cred)
@@ -157,19 +159,22 @@ class LocalOps(ExplainOps, GroupOps):
             if spec.is_global:
                 await self.coord.globals_io.add(spec)
                 return {"id": spec.id, "global": True}
-            if spec.array:  # its elements are created here, lazily (node/arrays.py)
+            if spec.after or spec.array or spec.gang is not None:
+                # waits for its parents (node/depends.py), then creates its elements
+                # (node/arrays.py) or its gang's rounds (node/gangs.py), all here: no
+                # copies elsewhere (an array or a gang needs its home)
+                start = (
+                    self.coord.deps_submitted
+                    if spec.after
+                    else self.coord.array_submitted
+                    if spec.array
+                    else self.coord.gang_submitted
+                )
                 await self.table.add(
                     m.new_task(spec, self.clock.wall(), self.node),
-                    on_written=lambda t: self.coord.array_submitted(t.id),
+                    on_written=lambda t: start(t.id),
                 )
-                return {"id": spec.id, "array": spec.array}
-            if spec.gang is not None:  # coordinated here; its members are records where
-                # they run (no copies elsewhere: a gang needs its home, docs/gang.md)
-                await self.table.add(
-                    m.new_task(spec, self.clock.wall(), self.node),
-                    on_written=lambda t: self.coord.gang_submitted(t.id),
-                )
-                return {"id": spec.id, "gang": spec.gang.size}
+                return {"id": spec.id}
             # placed (and started, when it runs here) as soon as its record is written,
             # during the journal's fsync; the answer waits for the fsync
             await self.table.add(

@@ -187,7 +187,9 @@ CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = (
         (
             "task_spec_array",
             codec.task_spec_from_wire,
-            codec.task_spec_to_wire(attrs.evolve(SPEC, array="0-99:3,200-300%5")),
+            codec.task_spec_to_wire(
+                attrs.evolve(SPEC, array="0-99:3,200-300%5", after=("ok:t1,t2_3~bob", "any:t4"))
+            ),
         ),
         (
             "task_spec_element",
@@ -402,7 +404,11 @@ VALID_SUBMIT: dict[str, Any] = {
     "no_retry": True,
     "id": "my-task",
 }
-VALID_ARRAY_SUBMIT: dict[str, Any] = {**VALID_SUBMIT, "array": "0-9999:2%50"}
+VALID_ARRAY_SUBMIT: dict[str, Any] = {
+    **VALID_SUBMIT,
+    "array": "0-9999:2%50",
+    "after": ["ok:job1,t0123456789abcdef[3]", "notok:x~bob"],
+}
 VALID_GANG_SUBMIT: dict[str, Any] = {
     **VALID_SUBMIT,
     "migrate": "never",
