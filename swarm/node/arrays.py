@@ -226,6 +226,7 @@ class Arrays:
                 env={**rec.spec.env, **ap.element_env(tid, index)},
                 array="",
                 element=m.ArrayRole(tid, index),
+                after=(),  # the array waited for its parents already
                 submitted_at=wall,
             )
             task = m.new_task(spec, wall, self.node, f"element {index} of array {tid}")

@@ -306,6 +306,7 @@ class Gangs:
                 home=self.node,
                 gang=None,
                 member=role,
+                after=(),  # the gang waited for its parents already
                 no_retry=True,
                 migrate=m.MigrateMode.NEVER,
                 submitted_at=wall,

@@ -82,3 +82,13 @@ def test_an_array_parent_is_its_record_and_an_array_child_creates_elements_when_
     _end(n, "arr", S.SUCCEEDED, 1.0)  # the array's record ended: the whole array did
     els = sorted(t.id for t in n.state.records.active.values() if t.spec.element)
     assert els == ["kids_0", "kids_1", "kids_2"]
+
+
+def test_elements_and_members_do_not_wait_again() -> None:
+    n = _node()
+    n.submit(m.TaskSpec(id="p", argv=("x",)))
+    arr = n.submit(m.TaskSpec(id="kids", argv=("y",), array="0-1", after=("any:p",)))
+    n.run(n.state.handle(ev.DepsSubmitted(0.0, 1000.0, "s", arr.id)))
+    _end(n, "p", S.CANCELLED, 1.0)
+    els = [t for t in n.state.records.active.values() if t.spec.element]
+    assert len(els) == 2 and all(t.spec.after == () for t in els)
