@@ -223,10 +223,8 @@ class Gangs:
         code = m.exit_status(task.exit_code, task.signal) if task.state.terminal else 1
         if task.state is not S.SUCCEEDED and code == 0:
             code = 1  # cancelled or lost before an exit status: not a success
-        out = self._gang_out(
-            self.gang_book.on_member_exit(now, role.gang, role.round, role.slot, code), now, wall
-        )
-        return out
+        exits = self.gang_book.on_member_exit(now, role.gang, role.round, role.slot, code)
+        return self._gang_out(exits, now, wall)
 
     # ------------------------------------------------------------------ member side
 

@@ -379,6 +379,13 @@ class LocalOps(ExplainOps, GroupOps):
         offset = f.int("offset", 0, lo=0)
         f.done()
         self.access.authorize(t, cred)
+        if t.spec.gang is not None or t.spec.array:  # runs nothing itself
+            what = (
+                f"a gang: its members' logs are {t.id.partition('~')[0]}.RANK"
+                if t.spec.gang is not None
+                else f"an array: its elements' logs are {t.id.partition('~')[0]}[INDEX]"
+            )
+            raise RequestError("invalid", f"logs: {t.id} is {what}")
         where = t.node or self.node
         if where == self.node or t.spec.is_global:
             out, err = self.runner.log_paths(t.id)

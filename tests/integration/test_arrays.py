@@ -68,6 +68,8 @@ def test_an_array_runs_at_most_k_at_once_and_exits_with_its_worst_code(
     assert seven["state"] == "failed" and seven["spec"]["element"] == {"array": aid, "index": 7}
     st = a.cli("status", f"{aid}[7]")
     assert st.returncode == 0 and f"{aid}_7" in st.stdout
+    lg = a.cli("logs", aid)
+    assert lg.returncode == 2 and "is an array: its elements' logs are" in lg.stderr
     # the elements spread over the nodes, as single tasks do
     nodes = {p.read_text().split()[2] for p in marks.iterdir()}
     print("elements ran on", sorted(nodes))
