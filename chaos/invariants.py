@@ -82,6 +82,14 @@ GANG_PARTIAL = "no-partial-strict-gang-past-its-lease"
 # a gang recorded as succeeded ran every member of one start to its end
 GANG_WHOLE = "succeeded-gang-ran-whole"
 
+# issue 23, in the arrays scenario: every element of an acknowledged array ends, once,
+# at the array's home (one final record per index, none missing), and the array's own
+# record ends once they all have
+ARRAY_WHOLE = "every-array-element-once"
+# a task submitted --after its parents starts (its first RUNNING in any journal) only
+# after each parent's record ended, and only if the condition held
+DEP_ORDER = "no-child-before-its-parents"
+
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
 TERMINAL = frozenset(s.value for s in m.TERMINAL_STATES)
@@ -109,6 +117,8 @@ class Acked:
     at_most_once: bool = False  # `swarm submit --at-most-once`
     gang: int = 0  # `swarm submit --gang N`: its members' marks are under ID.RANK[.RUN]
     strict: bool = True  # a gang's mode
+    array: str = ""  # `swarm submit --array`: its indices (canonical)
+    after: tuple[str, ...] = ()  # `swarm submit --after`, resolved ids
 
 
 @attrs.frozen
@@ -1387,4 +1397,94 @@ def check_gangs(
             detail = f"gang {a.id} succeeded, no start ran all members"
             out.append(Violation(GANG_WHOLE, where, detail))
     figs["states"] = dict(states)
+    return out, figs
+
+
+def _element_id(array: str, index: int) -> str:
+    base, sep, owner = array.partition("~")
+    return f"{base}_{index}{sep}{owner}"
+
+
+def check_arrays(
+    acked: Iterable[Acked], journals: Mapping[str, JournalData]
+) -> tuple[list[Violation], dict[str, int]]:
+    """ARRAY_WHOLE: each acknowledged array's elements, at its home's journal."""
+    from swarm.policy.arrays import parse_array
+
+    out: list[Violation] = []
+    figs = {"arrays": 0, "elements": 0, "ended": 0}
+    for a in acked:
+        if not a.array:
+            continue
+        figs["arrays"] += 1
+        where = authority(a, journals)
+        j = journals.get(where)
+        rec = None if j is None else j.tasks.get(a.id)
+        if j is None or rec is None:
+            continue  # the home's journal is missing: acked-task-terminal says so
+        for index in parse_array(a.array):
+            figs["elements"] += 1
+            e = j.tasks.get(_element_id(a.id, index))
+            if e is None:
+                if rec.state.terminal and rec.state is not m.TaskState.CANCELLED:
+                    detail = f"array {a.id} ended {rec.state.value} without element {index}"
+                    out.append(Violation(ARRAY_WHOLE, where, detail))
+                continue
+            if e.state.terminal:
+                figs["ended"] += 1
+            elif rec.state.terminal:
+                detail = f"array {a.id} ended while element {index} is {e.state.value}"
+                out.append(Violation(ARRAY_WHOLE, where, detail))
+        finals = [
+            e
+            for e in j.transitions
+            if e.task_id.startswith(a.id.partition("~")[0] + "_") and e.dst in TERMINAL
+        ]
+        per = Counter(e.task_id for e in finals)
+        for tid, n in per.items():
+            if n > 1:
+                out.append(Violation(ARRAY_WHOLE, where, f"element {tid} ended {n} times"))
+    return out, figs
+
+
+def check_dependencies(
+    acked: Iterable[Acked], journals: Mapping[str, JournalData]
+) -> tuple[list[Violation], dict[str, int]]:
+    """DEP_ORDER: a child's first start comes after every parent's end, and only when
+    the condition held (ok: the parent succeeded; notok: it did not)."""
+    from swarm.policy.depends import Cond, parse_after
+
+    out: list[Violation] = []
+    figs = {"children": 0, "started": 0, "never": 0}
+    ended: dict[str, tuple[float, str]] = {}
+    started: dict[str, float] = {}
+    for j in journals.values():
+        for e in j.transitions:
+            if e.dst in TERMINAL:
+                prev = ended.get(e.task_id)
+                ended[e.task_id] = (e.at, e.dst) if prev is None else min(prev, (e.at, e.dst))
+            if e.dst == "running" and e.node == j.node:
+                started[e.task_id] = min(started.get(e.task_id, e.at), e.at)
+    for a in acked:
+        if not a.after:
+            continue
+        figs["children"] += 1
+        first = started.get(a.id)
+        if first is None:
+            figs["never"] += 1
+            continue
+        figs["started"] += 1
+        for clause in parse_after(a.after):
+            for p in clause.parents:
+                end = ended.get(p.task_id)
+                if end is None or end[0] > first:
+                    when = "never ended" if end is None else f"ended at {end[0]:.3f}"
+                    detail = f"{a.id} started at {first:.3f}; its parent {p.task_id} {when}"
+                    out.append(Violation(DEP_ORDER, a.home, detail))
+                elif clause.cond is Cond.OK and end[1] != "succeeded":
+                    detail = f"{a.id} ran --after ok:{p.task_id}, which ended {end[1]}"
+                    out.append(Violation(DEP_ORDER, a.home, detail))
+                elif clause.cond is Cond.NOTOK and end[1] == "succeeded":
+                    detail = f"{a.id} ran --after notok:{p.task_id}, which succeeded"
+                    out.append(Violation(DEP_ORDER, a.home, detail))
     return out, figs

@@ -11,7 +11,9 @@ from typing import Any
 from .invariants import (
     ADOPTED,
     ALL,
+    ARRAY_WHOLE,
     CONSTRAINT,
+    DEP_ORDER,
     ENCRYPTED,
     EVERY_RUN,
     GANG_PARTIAL,
@@ -67,7 +69,8 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
         f"Invariants checked: {checked}; `{ENCRYPTED}` in keyed scenarios; {prio} in the "
         f"priority scenario; `{CONSTRAINT}` in the labelled one; {scale} in the elastic "
         f"one; `{ADOPTED}` where a node is lost for good (home-loss); `{GANG_PARTIAL}` and "
-        f"`{GANG_WHOLE}` in the gang scenario; "
+        f"`{GANG_WHOLE}` in the gang scenario; `{ARRAY_WHOLE}` and `{DEP_ORDER}` in the "
+        "arrays scenario; "
         + ", ".join(f"`{x}`" for x in EVERY_RUN)
         + f" in every scenario; `{RESTART_RERUN}` where restarts are the only fault.",
         "",

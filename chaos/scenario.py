@@ -466,6 +466,8 @@ class Runner:
         violations += self._issue19_checks(cl, journals, acked)
         if self.sc.gangs:
             violations += self._gang_checks(journals, acked)
+        if self.sc.groups:
+            violations += self._group_checks(journals, acked)
         # a task a lost home accepted with fewer copies than wanted (no replica
         # answered in time: `replica.short` in its log) may be known to no survivor
         short = {
@@ -590,6 +592,20 @@ class Runner:
             f"run of a strict gang {f['worst_partial_s']:.1f} s (bound {bound:.2f} s + 1 s)"
         )
         return out
+
+    def _group_checks(
+        self, journals: Mapping[str, JournalData], acked: list[inv.Acked]
+    ) -> list[inv.Violation]:
+        """Issue 23: every array element once; no child before its parents."""
+        out, fa = inv.check_arrays(acked, journals)
+        more, fd = inv.check_dependencies(acked, journals)
+        self.result.notes.append(
+            f"arrays: {fa['arrays']} arrays, {fa['ended']} of {fa['elements']} elements "
+            f"ended at their homes; dependencies: {fd['children']} tasks with --after, "
+            f"{fd['started']} started (each after its parents, as asked), {fd['never']} "
+            "never started (a condition that could not hold, or not yet)"
+        )
+        return out + more
 
     def _fault_windows(self, cl: ChaosCluster) -> list[inv.FaultWindow]:
         names = frozenset(a.name for a in cl.agents)

@@ -51,6 +51,7 @@ class Scenario:
     profile: str | None = None  # agents' --profile (None: the suite's `local`)
     warmup: float = 4.0  # seconds of workload before the first fault of lane 1
     gangs: int = 0  # issue 22: this many gangs of 3 (2 in 3 strict), spread over the run
+    groups: int = 0  # issue 23: this many arrays, each followed by dependent tasks
     description: str = ""
 
 
@@ -93,6 +94,10 @@ class SubmitPlan:
     migrate: str | None = None  # `swarm submit --migrate` (kind `migratable`)
     gang: int = 0  # kind `gang`: `swarm submit --gang N` (issue 22)
     strict: bool = True
+    array: str = ""  # kind `array`: `swarm submit --array` (issue 23)
+    # kind `after`: `--after COND:P` where P is the `pick`-th latest acknowledged task
+    cond: str = ""
+    pick: int = 1
 
 
 @attrs.frozen
@@ -212,6 +217,36 @@ def gang_workload(sc: Scenario, seed: int) -> list[SubmitPlan]:
     return out
 
 
+def group_workload(sc: Scenario, seed: int) -> list[SubmitPlan]:
+    """`sc.groups` arrays of 4-12 short elements (most with a cap), each followed a
+    moment later by a few tasks --after it or after the tasks before them: chains of
+    ok / any / notok over arrays, elements and single tasks."""
+    rng = random.Random(f"{sc.name}:{seed}:groups")
+    span = max(1.0, sc.duration - 6.0)
+    out = []
+    for k in range(sc.groups):
+        at = span * (k + rng.uniform(0.05, 0.6)) / sc.groups
+        n = rng.randint(4, 12)
+        cap = f"%{rng.randint(1, 4)}" if rng.random() < 0.7 else ""
+        node = rng.randint(1, sc.nodes)
+        out.append(
+            SubmitPlan(at, node, "array", round(rng.uniform(0.2, 1.0), 2), array=f"0-{n - 1}{cap}")
+        )
+        for d in range(rng.randint(1, 3)):
+            cond = rng.choice(["ok", "any", "any", "notok"])
+            out.append(
+                SubmitPlan(
+                    at + 0.3 + 0.2 * d,
+                    rng.randint(1, sc.nodes),
+                    "after",
+                    round(rng.uniform(0.2, 1.0), 2),
+                    cond=cond,
+                    pick=rng.randint(1, 2),
+                )
+            )
+    return out
+
+
 def priority_workload(sc: Scenario, rng: random.Random) -> list[SubmitPlan]:
     """Waves: every node gets `slots + 1` low tasks at once (every slot taken, one more
     queued), then, 1 s to 70 % of the wave later, `nodes // 2 + 1` high tasks at random
@@ -304,4 +339,6 @@ def make_plan(sc: Scenario, seed: int, available: Sequence[str] | None = None) -
         submits = sorted([*submits, *burst], key=lambda s: s.at)
     if sc.gangs:  # drawn from a stream of their own: the other draws stay as they were
         submits = sorted([*submits, *gang_workload(sc, seed)], key=lambda s: s.at)
+    if sc.groups:
+        submits = sorted([*submits, *group_workload(sc, seed)], key=lambda s: s.at)
     return Plan(tuple(faults), tuple(drain_plan), tuple(submits))

@@ -129,6 +129,12 @@ FULL: tuple[Scenario, ...] = (
           gangs=12, settle=150.0,
           description="gangs of 3 among the workload under kills, cut-off nodes and "
           "freezes: no strict gang runs partly past its lease, every gang ends"),
+    # issue 23, appended: arrays (most with a cap) and tasks --after them or after
+    # each other, among the usual workload, under kills and splits
+    _full("arrays", faults=("kill", "split"), faults2=("pause",), hold=(4.0, 9.0),
+          groups=6, settle=150.0,
+          description="arrays and --after chains among the workload under kills, "
+          "splits and freezes: every element once, no child before its parents"),
 )  # fmt: skip
 
 SMOKE: tuple[Scenario, ...] = (

@@ -184,6 +184,15 @@ class Workload:
         if sp.kind == "at-most-once":
             extra["at_most_once"] = True
             argv = beat_task_argv(self.marks, sp.seconds)
+        if sp.array:  # issue 23: {index} in argv, its elements leave marks as tasks do
+            extra["array"] = sp.array
+        if sp.kind == "after":
+            with self._lock:
+                earlier = [x.id for x in self.acked if not x.is_global]
+            if not earlier:
+                return
+            parent = earlier[-min(sp.pick, len(earlier))]
+            extra["after"] = [f"{sp.cond}:{parent}"]
         if sp.gang:  # issue 22: its members beat as --at-most-once tasks do
             extra.update(gang=sp.gang, gang_mode="strict" if sp.strict else "nonstrict")
             if not sp.strict:
@@ -214,7 +223,17 @@ class Workload:
         with self._lock:
             amo = sp.kind == "at-most-once"
             self.acked.append(
-                Acked(tid, a.name, sp.kind == "global", sp.constraints, amo, sp.gang, sp.strict)
+                Acked(
+                    tid,
+                    a.name,
+                    sp.kind == "global",
+                    sp.constraints,
+                    amo,
+                    sp.gang,
+                    sp.strict,
+                    array=_canonical(sp.array),
+                    after=tuple(extra.get("after", ())),
+                )
             )
             self.kinds[sp.kind] += 1
         if sp.kind == "cancel":
@@ -288,3 +307,9 @@ class Workload:
             info = self.cl.info(a)
             if info is not None and info.get("shares") == 0:
                 self.undrain(a, deadline=30.0)
+
+
+def _canonical(text: str) -> str:
+    from swarm.policy.arrays import parse_array
+
+    return parse_array(text).text() if text else ""

@@ -177,6 +177,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         extra["reserve_shares"] = args.reserve_shares
     if args.is_global:
         extra["is_global"] = True
+    if args.array:
+        extra["array"] = args.array
+    if args.after:
+        extra["after"] = list(args.after)  # ID[INDEX] kept: the agent checks the index
     if args.at_most_once:
         extra["at_most_once"] = True
     if args.gang is not None:
@@ -254,7 +258,7 @@ def _gpu_request(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        reply = c.call("list", all=args.all, limit=args.limit)
+        reply = c.call("list", all=args.all, limit=args.limit, expand=args.expand or None)
     tasks, classes = reply["tasks"], reply.get("classes")
     if args.json:
         print(json.dumps(tasks))
@@ -264,6 +268,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
     rows = []
     for t in _gangs_grouped(tasks):
         spec = t["spec"]
+        if spec.get("array"):  # one line for the array: its elements by state
+            counts = ", ".join(f"{n} {k}" for k, n in sorted((t.get("elements") or {}).items()))
+            spec = {
+                **spec,
+                "name": f"{spec.get('name') or '-'} [array {spec['array']}: {counts or '-'}]",
+            }
         prio = spec.get("priority", 50)
         code = "-"
         if t.get("signal") is not None:
@@ -287,6 +297,17 @@ def cmd_ps(args: argparse.Namespace) -> int:
     head = ["ID", "NAME", "STATE", "NODE", "PRIO", "GROUP", "EXIT", "RUNTIME", "AGE", "COMMAND"]
     print(_table(rows, head))
     return EXIT_OK
+
+
+def task_ref(text: str) -> str:
+    """A task id as typed: `ID[INDEX]` names an array's element (its id is ID_INDEX,
+    with ID's owner part, if any, after it)."""
+    if text.endswith("]") and "[" in text:
+        base, _, index = text[:-1].partition("[")
+        if index.isdigit():
+            head, sep, owner = base.partition("~")
+            return f"{head}_{int(index)}{sep}{owner}"
+    return text
 
 
 def _gangs_grouped(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -315,6 +336,8 @@ def _ps_name(spec: dict[str, Any]) -> str:
     if spec.get("member"):
         r = spec["member"]
         return f"{name} [rank {r['rank']}/{r['world']} of {r['gang']}]"
+    if spec.get("element"):
+        return f"{name} [{spec['element']['index']} of {spec['element']['array']}]"
     return str(name)
 
 
@@ -355,6 +378,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({**t, "migrations": migrations, **({"note": note} if note else {})}))
         return EXIT_OK
     print(format_status(t, migrations))
+    if t["spec"].get("array"):
+        counts = ", ".join(f"{n} {k}" for k, n in sorted((r.get("elements") or {}).items()))
+        print(f"array:     {t['spec']['array']}: {counts or 'ended (see its state)'}")
     if note:
         _say(f"note: {note}")
     return EXIT_OK
@@ -818,6 +844,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-retry", action="store_true", help="never run twice: fail/lose instead of re-running"
     )
     s.add_argument(
+        "--after",
+        action="append",
+        metavar="COND:ID[,ID]",
+        help="start only once these ended: ok (all succeeded), any, notok (none"
+        " succeeded); an ID may be an array (all its elements) or ID[INDEX]; repeatable",
+    )
+    s.add_argument(
+        "--array",
+        metavar="SPEC",
+        help="an array: one element per index (0-99, 1,5,7-9, 0-99:2; %%K: at most K at"
+        " once), each with SWARM_ARRAY_INDEX and {index} replaced in the command",
+    )
+    s.add_argument(
         "--gang",
         type=int,
         metavar="N",
@@ -918,24 +957,25 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--all", "-a", action="store_true", help="include finished tasks")
     ps.add_argument("--limit", type=int, default=None, help="at most this many tasks")
     ps.add_argument("--json", action="store_true")
+    ps.add_argument("--expand", action="store_true", help="list each array element too")
 
     sh_ = add("share", cmd_share, "fair share: each user's and group's usage, share and rank")
     sh_.add_argument("--json", action="store_true")
 
     st = add("status", cmd_status, "show one task")
-    st.add_argument("id")
+    st.add_argument("id", type=task_ref)
     st.add_argument("--json", action="store_true")
 
     lg = add("logs", cmd_logs, "print a task's output")
-    lg.add_argument("id")
+    lg.add_argument("id", type=task_ref)
     lg.add_argument("-f", "--follow", action="store_true", help="follow until the task ends")
     lg.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
 
     cn = add("cancel", cmd_cancel, "cancel tasks (kills the whole process tree)")
-    cn.add_argument("ids", nargs="+", metavar="ID")
+    cn.add_argument("ids", nargs="+", metavar="ID", type=task_ref)
 
     w = add("wait", cmd_wait, "wait for tasks; exit with the first failing task's code")
-    w.add_argument("ids", nargs="+", metavar="ID")
+    w.add_argument("ids", nargs="+", metavar="ID", type=task_ref)
     w.add_argument("--timeout", type=float, help="give up after SECONDS (exit 1)")
     w.add_argument("--json", action="store_true")
 
@@ -946,7 +986,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     ex = add("explain", cmd_explain, "why a task went where it went")
-    ex.add_argument("id")
+    ex.add_argument("id", type=task_ref)
     ex.add_argument("--json", action="store_true")
 
     sh = add("shares", cmd_shares, "show or set this node's shares (0 = drain)")

@@ -14,6 +14,7 @@ import attrs
 from . import limits as lim
 from . import model as m
 from .model import GROUP_RULE, MAX_PRIORITY, valid_group_name
+from .policy import arrays, depends
 from .policy.constraints import (
     JOB_RULE,
     KEY_RULE,
@@ -73,6 +74,9 @@ def task_spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
         **({"at_most_once": True} if s.at_most_once else {}),
         **({"gang": attrs.asdict(s.gang)} if s.gang is not None else {}),
         **({"member": attrs.asdict(s.member)} if s.member is not None else {}),
+        **({"array": s.array} if s.array else {}),
+        **({"after": list(s.after)} if s.after else {}),
+        **({"element": attrs.asdict(s.element)} if s.element is not None else {}),
     }
 
 
@@ -119,6 +123,9 @@ def task_spec_from_wire(obj: Any) -> m.TaskSpec:
         at_most_once=f.bool("at_most_once", False),
         gang=f.nested("gang", gang_request_from_wire),
         member=f.nested("member", gang_role_from_wire),
+        array=_array_text(f.str("array", "", max_len=4096), "task"),
+        element=f.nested("element", array_role_from_wire),
+        after=_after(f.str_list("after", max_items=64), "task"),
     )
     f.done()
     return spec
@@ -151,6 +158,35 @@ def gang_request_from_wire(obj: Any, what: str = "gang") -> m.GangRequest:
     )
     f.done()
     return g
+
+
+def _array_text(text: str, what: str) -> str:
+    """An array's `--array` text, in canonical form ('' for none)."""
+    if not text:
+        return ""
+    try:
+        # a stored record is read back whatever the node's array-max is now
+        return arrays.parse_array(text, max_elements=arrays.MAX_INDEX + 1).text()
+    except arrays.ArrayError as e:
+        raise SchemaError(f"{what}: {e}") from None
+
+
+def _after(clauses: list[str], what: str) -> tuple[str, ...]:
+    """`--after` clauses, each checked (policy/depends.py), in canonical form."""
+    try:
+        return tuple(a.text() for a in depends.parse_after(clauses))
+    except depends.DependencyError as e:
+        raise SchemaError(f"{what}: {e}") from None
+
+
+def array_role_from_wire(obj: Any) -> m.ArrayRole:
+    f = Fields(obj, "element")
+    r = m.ArrayRole(
+        array=f.task_id("array", required=True),
+        index=f.int("index", required=True, lo=0, hi=arrays.MAX_INDEX),
+    )
+    f.done()
+    return r
 
 
 def gang_role_from_wire(obj: Any) -> m.GangRole:

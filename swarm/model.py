@@ -172,6 +172,15 @@ class GangRole:
 
 
 @attrs.frozen
+class ArrayRole:
+    """An array element's place (issue 23): its array's record (at the same home) and
+    its index."""
+
+    array: TaskId
+    index: int
+
+
+@attrs.frozen
 class TaskSpec:
     """What the submitter asked for. Immutable once accepted."""
 
@@ -214,6 +223,12 @@ class TaskSpec:
     # issue 22: a gang's record (at its home), or one member of a gang (where it runs)
     gang: GangRequest | None = None
     member: GangRole | None = None
+    # issue 23: an array's record (its `--array` text, canonical), or one element
+    array: str = ""
+    element: ArrayRole | None = None
+    # issue 23: wait at the home until these `--after` clauses hold (COND:ID[,ID...],
+    # every parent a task id, resolved at submit: node/depends.py)
+    after: tuple[str, ...] = ()
 
 
 def same_submission(a: TaskSpec, b: TaskSpec) -> bool:

@@ -13,6 +13,8 @@ from typing import Any
 from . import codec, wire
 from . import limits as lim
 from . import model as m
+from .policy.arrays import MAX_ELEMENTS, ArrayError, parse_array
+from .policy.depends import DependencyError, parse_after
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
@@ -55,6 +57,7 @@ def submit_spec(
     classes: Mapping[str, int] | None = None,
     default_class: str = "normal",
     default_group: str = "",
+    array_max: int = MAX_ELEMENTS,
 ) -> m.TaskSpec:
     """Build the TaskSpec of a submit request. The caller's identity is not the client's
     say. `classes` are the priority classes (name -> value); the class and group are
@@ -151,10 +154,14 @@ def submit_spec(
         **where,
         at_most_once=f.bool("at_most_once", False),
         gang=f.nested("gang", lambda o: codec.gang_request_from_wire(o, "submit: gang")),
+        array=_array(f.str("array", None, max_len=4096), array_max),
+        after=_after(f.str_list("after", max_items=64)),
     )
     f.done()
     if spec.gang is not None:
         _check_gang(spec)
+    if spec.array:
+        _check_array(spec)
     if spec.at_most_once and spec.is_global:
         raise wire.SchemaError(
             "submit: at_most_once does not apply to a global task (one copy runs on every node)"
@@ -163,6 +170,33 @@ def submit_spec(
 
 
 MAX_GANG_ID = 50  # a member's id adds ".RANK" (and ".RUN") to the gang's
+MAX_ARRAY_ID = 53  # an element's id adds "_INDEX" (at most 11 characters)
+
+
+def _array(text: str | None, array_max: int) -> str:
+    if text is None:
+        return ""
+    try:
+        return parse_array(text, max_elements=array_max).text()
+    except ArrayError as e:
+        raise wire.SchemaError(f"submit: {e}") from None
+
+
+def _after(clauses: list[str]) -> tuple[str, ...]:
+    """`--after` clauses, checked for form (the submit resolves and checks the ids)."""
+    try:
+        return tuple(a.text() for a in parse_after(clauses))
+    except DependencyError as e:
+        raise wire.SchemaError(f"submit: {e}") from None
+
+
+def _check_array(spec: m.TaskSpec) -> None:
+    """What an array may not combine with, one line naming the field."""
+    if spec.is_global or spec.gang is not None:
+        what = "--global" if spec.is_global else "--gang"
+        raise wire.SchemaError(f"submit: --array does not combine with {what}")
+    if len(spec.id.split("~")[0]) > MAX_ARRAY_ID:
+        raise wire.SchemaError(f"submit: an array's id may hold at most {MAX_ARRAY_ID} characters")
 
 
 def _check_gang(spec: m.TaskSpec) -> None:

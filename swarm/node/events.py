@@ -8,6 +8,7 @@ Instructions that do no I/O of their own (`Enqueue`, `Place`, ...) run inline.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -413,6 +414,27 @@ class GangSubmitted(Stimulus):
 
 
 @attrs.frozen
+class ArraySubmitted(Stimulus):
+    """An array's record was written here (or found at start-up): create its elements."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
+class DepsSubmitted(Stimulus):
+    """A task with `--after` clauses was written here: it waits for its parents."""
+
+    task_id: m.TaskId
+
+
+@attrs.frozen
+class ParentsSeen(Stimulus):
+    """Final states of parents homed elsewhere (the runtime read their records)."""
+
+    states: Mapping[m.TaskId, str]
+
+
+@attrs.frozen
 class GangMessage(Stimulus):
     """A gang protocol message from a peer (`commitment`: what a prepare or commit
     carried besides; `port`: one reserved for a rendezvous, given with a prepare)."""
@@ -447,4 +469,7 @@ Event = (
     | GangSubmitted
     | GangMessage
     | GangCancel
+    | ArraySubmitted
+    | DepsSubmitted
+    | ParentsSeen
 )

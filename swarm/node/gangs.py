@@ -223,10 +223,8 @@ class Gangs:
         code = m.exit_status(task.exit_code, task.signal) if task.state.terminal else 1
         if task.state is not S.SUCCEEDED and code == 0:
             code = 1  # cancelled or lost before an exit status: not a success
-        out = self._gang_out(
-            self.gang_book.on_member_exit(now, role.gang, role.round, role.slot, code), now, wall
-        )
-        return out
+        exits = self.gang_book.on_member_exit(now, role.gang, role.round, role.slot, code)
+        return self._gang_out(exits, now, wall)
 
     # ------------------------------------------------------------------ member side
 
@@ -306,6 +304,7 @@ class Gangs:
                 home=self.node,
                 gang=None,
                 member=role,
+                after=(),  # the gang waited for its parents already
                 no_retry=True,
                 migrate=m.MigrateMode.NEVER,
                 submitted_at=wall,

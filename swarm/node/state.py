@@ -34,6 +34,8 @@ from ..policy.sharing import Sharing
 from ..policy.view import LoadView
 from . import events as ev
 from . import gate
+from .arrays import Arrays
+from .depends import Depends
 from .failover import Failover
 from .fencing import FENCE_TTL, FENCED, Fencing, RunnerLease
 from .gangs import Gangs
@@ -79,7 +81,19 @@ class Settings:
     )  # issue 22: holds, run leases (gangs.py)
 
 
-class NodeState(Location, Failover, Fencing, Gangs, Replicas, LoadState, Placing, Timers, RunQueue):
+class NodeState(
+    Location,
+    Failover,
+    Fencing,
+    Gangs,
+    Arrays,
+    Depends,
+    Replicas,
+    LoadState,
+    Placing,
+    Timers,
+    RunQueue,
+):
     def __init__(
         self,
         node: m.NodeId,
@@ -111,6 +125,8 @@ class NodeState(Location, Failover, Fencing, Gangs, Replicas, LoadState, Placing
         self.heard: set[m.NodeId] = set()
         self.fence_ttl = settings.fence_ttl
         self.init_gangs(settings.gang_timers)
+        self.init_arrays()
+        self.init_depends()
         self.fence_leases: dict[m.TaskId, RunnerLease] = {}
         self.fence_granted: dict[m.TaskId, float] = {}  # home side: last grant (our now)
         self.fence_since: float | None = None  # our first tick (fencing.fence_hold)
@@ -220,6 +236,12 @@ class NodeState(Location, Failover, Fencing, Gangs, Replicas, LoadState, Placing
                 out += self.gang_submitted(s.task_id, now, wall)
             elif isinstance(s, ev.GangCancel):
                 out += self.gang_cancel(s.task_id, s.why, now, wall)
+            elif isinstance(s, ev.ArraySubmitted):
+                out += self.array_submitted(s.task_id, now, wall)
+            elif isinstance(s, ev.DepsSubmitted):
+                out += self.deps_submitted(s.task_id, now, wall)
+            elif isinstance(s, ev.ParentsSeen):
+                out += self.parents_seen(dict(s.states), now, wall)
         return out
 
     # ------------------------------------------------------------ helpers
@@ -302,6 +324,7 @@ class NodeState(Location, Failover, Fencing, Gangs, Replicas, LoadState, Placing
         out = self.release_gpu(task.id)
         out += [ev.LoadChanged(), ev.MoveHook("ended", task.id, task)]
         out += self.gang_member_ended(task, now, wall)
+        out += self.array_element_ended(task, now, wall)
         out += self.replica_update(task.id)  # ended at its home: its copies go at once
         self.fence_leases.pop(task.id, None)
         if task.spec.home != self.node and not task.spec.is_global:

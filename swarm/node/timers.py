@@ -45,6 +45,8 @@ class Timers:
         def step(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]: ...
         def usage_record(self, wall: float) -> ev.Persist: ...
         def gang_tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
+        def array_tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
+        def deps_tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
         def gang_view_changed(self, now: float, wall: float) -> list[ev.Instruction]: ...
 
     def start_timers(self, now: float) -> list[ev.Instruction]:
@@ -88,6 +90,10 @@ class Timers:
             due["globals"] = now + (GLOBALS_SOME if self.globals.members else GLOBALS_NONE)
         if "gangs" in due and now >= due["gangs"]:
             out += self.gang_tick(now, wall)
+        if "arrays" in due and now >= due["arrays"]:
+            out += self.array_tick(now, wall)
+        if "deps" in due and now >= due["deps"]:
+            out += self.deps_tick(now, wall)
         for tid in list(self.jobs):
             out += self.step(tid, now, wall)
         if due:

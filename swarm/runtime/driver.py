@@ -30,6 +30,7 @@ from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpd
 from ..logs import EventLog
 from ..node import events as ev
 from ..node import recovery
+from ..node.arrays import restore_array_progress
 from ..node.failover import restore_adopted
 from ..node.gangs import restore_gang_rounds
 from ..node.loadstate import changed_meaningfully
@@ -121,6 +122,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
         self.globals_io = GlobalTaskIO(self)
         self.reads = PeerReads(table, runner, self.copy_of)
         runner.reserved = self.state.gang_held  # slots held for gangs: not for others
+        self.parent_reader = None  # the local API's (localops.py): remote parents' states
         self._nursery: trio.Nursery | None = None
         self._offer_waiters: dict[m.TaskId, tuple[trio.Event, list[tuple[bool, str]]]] = {}
         self._inflight: set[tuple[m.NodeId, h.Request]] = set()
@@ -212,6 +214,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
         self.state.adopted = restore_adopted(kv)
         self.state.mine, self.state.held = restore_replicas(kv)
         self.state.gang_rounds, self.state.gang_starts = restore_gang_rounds(kv)
+        self.state.array_progress = restore_array_progress(kv)
         usage = kv.get(USAGE_KEY)
         if usage is not None:
             try:
@@ -228,6 +231,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
                 self.cluster.subscribe(self.on_event)
                 # its peer routes are in runtime/routes.py, installed by the agent
             nursery.start_soon(self.globals_io.loop)
+            nursery.start_soon(self.deps_loop)
             self.run_inline(self.state.start_timers(self.clock.now()))
             nursery.start_soon(self._wake_loop)
             # where a task's state is (checkpoints written before the restart)
@@ -238,13 +242,9 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
                 self.table.change(tid, S.QUEUED, "offer interrupted by restart", node=self.node)
             for t in list(self.table.active.values()):
                 mine = t.spec.home == self.node and t.node == self.node and not t.spec.is_global
-                if mine and t.spec.gang is not None:
-                    self.gang_submitted(t.id)  # its coordinator resumes after its last round
-                elif t.spec.member is not None and t.state is S.QUEUED:
-                    # a member never started: its round ended with the restart (a member
-                    # starts with its gang or not at all)
-                    self.table.change(t.id, S.FAILED, "not started: its agent restarted")
-                elif mine and t.state is S.QUEUED and t.id not in self.state.ledger:
+                if self.resume_group(t, mine):
+                    continue  # a waiting task, a gang, an array, or a gang's member
+                if mine and t.state is S.QUEUED and t.id not in self.state.ledger:
                     self.place_soon(t.id)
             # tasks that outlived the previous run under their supervisor (issue 19)
             self.runner.adopt_outlived()

@@ -66,9 +66,12 @@ class ExplainOps:
         if blocked:
             out.append({"at": self.clock.wall(), "outcome": "queued here, not started: " + blocked})
         out += self.queue_ops.explain(tid)
-        gang = self.coord.state.gang_explain(tid)
-        if gang is not None:
-            out.append({"at": self.clock.wall(), "outcome": gang})
+        st = self.coord.state
+        why = st.gang_explain(tid) or (
+            f"--after: {st.deps_why[tid]}" if tid in st.deps_why else None
+        )
+        if why is not None:
+            out.append({"at": self.clock.wall(), "outcome": why})
         return out
 
     async def rpc_explain(

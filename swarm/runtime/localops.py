@@ -20,13 +20,13 @@ import trio
 from .. import codec, request_checks, testbreak, wire
 from .. import model as m
 from ..logs import EventLog
-from ..policy import feasible, gangfit
-from ..policy.constraints import parse_constraint
+from ..policy import feasible
 from ..policy.shares import ShareLedger
 from .api import Ops, PeerCred, RequestError
 from .clock import Clock
 from .driver import Driver
 from .explainops import ExplainOps
+from .groupops import GroupOps
 from .isolation import Identities
 from .journal import Event, Journal, JournalError, PutKV
 from .logread import read_log
@@ -39,7 +39,7 @@ from .taskaccess import TaskAccess, unreachable, user_name
 from .tasks import TaskTable, UnknownTask
 
 
-class LocalOps(ExplainOps):
+class LocalOps(ExplainOps, GroupOps):
     def __init__(
         self,
         *,
@@ -70,6 +70,7 @@ class LocalOps(ExplainOps):
         self.log = log
         self.accepting = False  # submissions are taken (between start-up and shutdown)
         self.access = TaskAccess(node=node, table=table, cluster=cluster, copy_of=coord.copy_of)
+        coord.parent_reader = self.read_parents  # remote parents' ends (node/depends.py)
         self.shares = Shares(node=node, journal=journal, coord=coord, clock=clock)
         self._submitting: set[m.TaskId] = set()  # chosen ids between check and journal
         self.queue_ops = QueueOps(coord, runner, clock)
@@ -119,6 +120,7 @@ class LocalOps(ExplainOps):
         if never is not None and not (wait_for_node and spec.constraints):
             more = "; --wait-for-node queues it until one joins" if spec.constraints else ""
             raise RequestError("unsatisfiable", f"submit: {never}{more}")
+        spec = await self.resolve_after(spec, cred)
         chosen = "~" in spec.id  # a client's own id (a generated one is new by chance)
         if chosen:
             dup = await self._resubmitted(spec, cred)
@@ -150,27 +152,6 @@ class LocalOps(ExplainOps):
         )
         return feasible.unsatisfiable(spec, own, peers)
 
-    def _gang_never_fits(self, spec: m.TaskSpec) -> str | None:
-        """A gang whose members could never run together on the gossiped capacity."""
-        ms = self.cluster.membership
-        if spec.gang is None or ms is None or (self.cluster.seed_addrs and ms.num_live <= 1):
-            return None
-        reports = [self.coord.local_report()]
-        for mb in ms.alive_members():
-            e = self.coord.view.get(mb.node) if mb.node != self.node else None
-            if e is not None:
-                reports.append(e.report)
-        cons_ = [parse_constraint(c) for c in spec.constraints]
-        why = gangfit.never_fits(
-            reports,
-            spec.gang.size,
-            cpu=spec.cpu or 0.0,
-            mem=spec.mem or 0,
-            gpu=spec.gpu,
-            constraints=cons_,
-        )
-        return why or None
-
     async def _accept(self, spec: m.TaskSpec) -> dict[str, Any]:
         if testbreak.broken("drop-acked") and spec.id[-1] in "0123":  # TEST-ONLY: chaos self-test
             return {"id": spec.id}
@@ -178,13 +159,22 @@ class LocalOps(ExplainOps):
             if spec.is_global:
                 await self.coord.globals_io.add(spec)
                 return {"id": spec.id, "global": True}
-            if spec.gang is not None:  # coordinated here; its members are records where
-                # they run (no copies elsewhere: a gang needs its home, docs/gang.md)
+            if spec.after or spec.array or spec.gang is not None:
+                # waits for its parents (node/depends.py), then creates its elements
+                # (node/arrays.py) or its gang's rounds (node/gangs.py), all here: no
+                # copies elsewhere (an array or a gang needs its home)
+                start = (
+                    self.coord.deps_submitted
+                    if spec.after
+                    else self.coord.array_submitted
+                    if spec.array
+                    else self.coord.gang_submitted
+                )
                 await self.table.add(
                     m.new_task(spec, self.clock.wall(), self.node),
-                    on_written=lambda t: self.coord.gang_submitted(t.id),
+                    on_written=lambda t: start(t.id),
                 )
-                return {"id": spec.id, "gang": spec.gang.size}
+                return {"id": spec.id}
             # placed (and started, when it runs here) as soon as its record is written,
             # during the journal's fsync; the answer waits for the fsync
             await self.table.add(
@@ -235,6 +225,8 @@ class LocalOps(ExplainOps):
         f.done()
         self.access.authorize(t, cred)
         out = {"task": codec.task_to_wire(t), "migrations": await self._migrations(t)}
+        if t.spec.array:
+            out["elements"] = self.coord.state.array_counts(t.id) or {}
         if note is not None:
             out["note"] = note
         return out
@@ -254,6 +246,7 @@ class LocalOps(ExplainOps):
 
     async def op_list(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         show_all = f.bool("all", False)
+        expand = f.bool("expand", False)
         limit = f.int("limit", 1000, lo=1, hi=100_000)
         f.done()
         tasks = sorted(self.table.active.values(), key=lambda t: (t.created_at, t.id))
@@ -271,7 +264,7 @@ class LocalOps(ExplainOps):
             tasks = [t for t in tasks if self.access.owns(t, cred, name)]
         tasks = tasks[-limit:]
         classes = dict(self.queue_ops.sharing.classes)
-        return {"tasks": [codec.task_to_wire(t) for t in tasks], "classes": classes}
+        return {"tasks": self._listed(tasks, expand), "classes": classes}
 
     async def op_cancel(self, f: wire.Fields, cred: PeerCred) -> dict[str, Any]:
         t = await self.access.task(f, cred)
@@ -293,11 +286,8 @@ class LocalOps(ExplainOps):
                         break
                     await self.table.wait_change(t.id)
             return self.table.get_cached(t.id) or t
-        if t.spec.gang is not None and t.spec.home == self.node:
-            self.coord.gang_cancel(t.id, cause)
-            with trio.move_on_after(30):
-                return await self.table.wait_terminal(t.id)
-            return await self.table.get(t.id)
+        if (t.spec.array or t.spec.gang is not None) and t.spec.home == self.node:
+            return await self.cancel_group(t, cause)
         if t.spec.home != self.node:
             try:
                 r = await self.cluster.request(
@@ -389,6 +379,13 @@ class LocalOps(ExplainOps):
         offset = f.int("offset", 0, lo=0)
         f.done()
         self.access.authorize(t, cred)
+        if t.spec.gang is not None or t.spec.array:  # runs nothing itself
+            what = (
+                f"a gang: its members' logs are {t.id.partition('~')[0]}.RANK"
+                if t.spec.gang is not None
+                else f"an array: its elements' logs are {t.id.partition('~')[0]}[INDEX]"
+            )
+            raise RequestError("invalid", f"logs: {t.id} is {what}")
         where = t.node or self.node
         if where == self.node or t.spec.is_global:
             out, err = self.runner.log_paths(t.id)

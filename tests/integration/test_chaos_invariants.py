@@ -424,7 +424,7 @@ def test_the_full_suite_has_a_keyed_scenario_and_newer_ones_come_after_it() -> N
     assert names.index("encrypted") == 14
     assert names[15:] == [
         "priority-preempt", "constrained", "elastic", "home-loss",
-        "agent-restart", "clock-skew", "home-loss-restarts", "gangs",
+        "agent-restart", "clock-skew", "home-loss-restarts", "gangs", "arrays",
     ]  # fmt: skip
     assert not any(sc.encrypted for sc in SMOKE)
 
@@ -628,3 +628,47 @@ def test_a_gang_record_running_at_a_drained_home_is_no_start() -> None:
     b.run(single, T0 + 1, T0 + 5)
     j = {"n1": b.data()}
     assert [v.invariant for v in inv.check_drain(j, inv.specs_of(j))] == [inv.DRAIN]
+
+
+# --------------------------------------------------------------- arrays and --after (issue 23)
+
+
+def test_every_element_of_an_ended_array_must_have_ended_once() -> None:
+    b = Book("n1")
+    arr = m.TaskSpec(id="arr", argv=("x",), home="n1", array="0-2")
+    b.run(arr, T0, T0 + 9)
+    for i in (0, 1, 2):
+        b.run(m.TaskSpec(id=f"arr_{i}", argv=("x",), home="n1"), T0 + i, T0 + i + 1)
+    out, figs = inv.check_arrays([inv.Acked("arr", "n1", array="0-2")], {"n1": b.data()})
+    assert out == [] and figs == {"arrays": 1, "elements": 3, "ended": 3}
+    b2 = Book("n1")
+    b2.run(arr, T0, T0 + 9)
+    b2.run(m.TaskSpec(id="arr_0", argv=("x",), home="n1"), T0, T0 + 1)
+    out, _ = inv.check_arrays([inv.Acked("arr", "n1", array="0-2")], {"n1": b2.data()})
+    assert {v.invariant for v in out} == {inv.ARRAY_WHOLE} and len(out) == 2
+
+
+def test_a_child_that_started_before_its_parent_ended_is_a_violation() -> None:
+    b = Book("n1")
+    b.run(m.TaskSpec(id="p", argv=("x",), home="n1"), T0, T0 + 5)
+    b.run(m.TaskSpec(id="late", argv=("x",), home="n1"), T0 + 6, T0 + 7)
+    b.run(m.TaskSpec(id="early", argv=("x",), home="n1"), T0 + 2, T0 + 3)
+    j = {"n1": b.data()}
+    ok = [inv.Acked("late", "n1", after=("ok:p",))]
+    assert inv.check_dependencies(ok, j)[0] == []
+    bad = [inv.Acked("early", "n1", after=("any:p",))]
+    assert [v.invariant for v in inv.check_dependencies(bad, j)[0]] == [inv.DEP_ORDER]
+    wrong = [inv.Acked("late", "n1", after=("notok:p",))]  # p succeeded
+    assert [v.invariant for v in inv.check_dependencies(wrong, j)[0]] == [inv.DEP_ORDER]
+
+
+def test_the_arrays_scenario_submits_arrays_and_children_from_a_stream_of_its_own() -> None:
+    import attrs as _attrs
+
+    sc = find("arrays")
+    plan = make_plan(sc, 5)
+    arrays = [s for s in plan.submits if s.kind == "array"]
+    kids = [s for s in plan.submits if s.kind == "after"]
+    assert len(arrays) == sc.groups and kids and all(s.cond in ("ok", "any", "notok") for s in kids)
+    plain = make_plan(_attrs.evolve(sc, groups=0), 5)
+    assert [s for s in plan.submits if s.kind not in ("array", "after")] == list(plain.submits)

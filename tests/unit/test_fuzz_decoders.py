@@ -183,6 +183,21 @@ CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = (
     + [
         # issue 22 in the agent: a gang's and a member's record, and the op `gang` itself
         ("task_spec_gang", codec.task_spec_from_wire, codec.task_spec_to_wire(GANG_SPEC)),
+        # issue 23: an array's record and one of its elements
+        (
+            "task_spec_array",
+            codec.task_spec_from_wire,
+            codec.task_spec_to_wire(
+                attrs.evolve(SPEC, array="0-99:3,200-300%5", after=("ok:t1,t2_3~bob", "any:t4"))
+            ),
+        ),
+        (
+            "task_spec_element",
+            codec.task_spec_from_wire,
+            codec.task_spec_to_wire(
+                attrs.evolve(SPEC, id="t0123456789abcdef_7", element=m.ArrayRole(SPEC.id, 7))
+            ),
+        ),
         (
             "task_spec_member",
             codec.task_spec_from_wire,
@@ -389,6 +404,11 @@ VALID_SUBMIT: dict[str, Any] = {
     "no_retry": True,
     "id": "my-task",
 }
+VALID_ARRAY_SUBMIT: dict[str, Any] = {
+    **VALID_SUBMIT,
+    "array": "0-9999:2%50",
+    "after": ["ok:job1,t0123456789abcdef[3]", "notok:x~bob"],
+}
 VALID_GANG_SUBMIT: dict[str, Any] = {
     **VALID_SUBMIT,
     "migrate": "never",
@@ -399,6 +419,13 @@ VALID_GANG_SUBMIT: dict[str, Any] = {
 def test_the_submit_sample_is_valid() -> None:
     _submit_fields(dict(VALID_SUBMIT))
     _submit_fields(dict(VALID_GANG_SUBMIT))
+    _submit_fields(dict(VALID_ARRAY_SUBMIT))
+
+
+@FUZZ
+@given(mutated(VALID_ARRAY_SUBMIT))
+def test_array_submit_mutated(obj: Any) -> None:
+    only_typed(lambda: _submit_fields(obj))
 
 
 @FUZZ

@@ -1,0 +1,275 @@
+"""Task arrays in the node (issue 23, pure): one record, elements created lazily.
+
+`swarm submit --array 0-9999%50 -- cmd` journals one *array record* at its home
+(`spec.array` set, the canonical `--array` text). It never runs itself: the home
+creates its elements as ordinary tasks of its own, a window at a time, and places
+each one as it places any task. An element is `ID_INDEX` (`spec.element` names its
+array and index), with `SWARM_ARRAY_ID`/`SWARM_ARRAY_INDEX` in its environment and
+`{index}` replaced in its argv (policy/arrays.py).
+
+- **The cap.** With `%K`, at most K elements are unfinished at once (created, not
+  yet ended): the home creates the next one only when one ends. So never more than K
+  run cluster-wide. Without a cap, the home keeps `WINDOW` elements unfinished, so
+  that a million-element array is not a million records at once.
+- **The record** goes RUNNING with its first elements, and ends when every element
+  has ended: SUCCEEDED if all did, CANCELLED after `swarm cancel ID`, FAILED
+  otherwise, with the worst (highest) exit code of its elements.
+- **Durability.** The elements' records are journaled as they are created, and the
+  array's progress (`array:<id>`: the next element, counts, the worst exit) after
+  them, so a restarted home goes on from where it was, never creating an element
+  twice: an element found among the records past the journaled `next` moves it on.
+- Elements are found ending by a look at the unfinished ones, every `TICK` seconds
+  while an array is active (at most K or WINDOW records each time), and at once when
+  an element ends here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from .. import model as m
+from ..policy import arrays as ap
+from . import events as ev
+
+S = m.TaskState
+ARRAY = "array:"  # journal key: array:<id> -> progress (ArrayState.record)
+WINDOW = 256  # unfinished elements of an array without a cap
+TICK = 0.25  # seconds between looks at an active array's unfinished elements
+
+
+def element_id(array: m.TaskId, index: int) -> m.TaskId:
+    """`job_7~alice` for index 7 of array `job~alice`."""
+    base, sep, owner = array.partition("~")
+    return f"{base}_{index}{sep}{owner}"
+
+
+@attrs.define
+class ArrayState:
+    """One array homed here: how far its elements have come."""
+
+    spec: ap.ArraySpec
+    next: int = 0  # the next element to create (by rank: spec.nth)
+    live: set[m.TaskId] = attrs.field(factory=set)  # created, not ended
+    done: dict[str, int] = attrs.field(factory=dict)  # final state -> elements
+    worst: int = 0  # the highest exit status of an element that did not succeed
+    cancelled: str = ""  # why, once `swarm cancel ID` came: nothing more is created
+
+    def record(self, wall: float) -> dict[str, Any]:
+        return {
+            "next": self.next,
+            "done": dict(self.done),
+            "worst": self.worst,
+            "cancelled": self.cancelled,
+            "at": wall,  # elements that ended after this are not in `done`
+        }
+
+    @property
+    def limit(self) -> int:
+        return self.spec.cap or WINDOW
+
+    def finished(self) -> bool:
+        return not self.live and (self.next >= len(self.spec) or bool(self.cancelled))
+
+
+class Arrays:
+    """The array rules of NodeState (state.py), which holds the fields below."""
+
+    node: m.NodeId
+    records: Any
+    due: dict[str, float]
+    arrays: dict[m.TaskId, ArrayState]
+    array_progress: dict[m.TaskId, dict[str, Any]]  # journaled, read at start-up
+
+    def init_arrays(self) -> None:
+        self.arrays = {}
+        self.array_progress = {}
+
+    # ------------------------------------------------------------------ reads
+
+    def array_counts(self, tid: m.TaskId) -> dict[str, int] | None:
+        """Elements by state (`swarm ps`, `swarm status`): ended ones by final state,
+        unfinished ones by their current state, not yet created as `pending`."""
+        a = self.arrays.get(tid)
+        if a is None:
+            return None
+        out = dict(a.done)
+        for eid in a.live:
+            t = self.records.get_cached(eid)
+            if t is not None:
+                out[t.state.value] = out.get(t.state.value, 0) + 1
+        left = 0 if a.cancelled else len(a.spec) - a.next
+        if left:
+            out["pending"] = left
+        return out
+
+    # ------------------------------------------------------------------ stimuli
+
+    def array_submitted(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
+        """An array's record was written here (or found at start-up): its elements come."""
+        t = self.records.active.get(tid)
+        if t is None or not t.spec.array or tid in self.arrays:
+            return []
+        a = ArrayState(ap.parse_array(t.spec.array, max_elements=ap.MAX_INDEX + 1))
+        saved = self.array_progress.pop(tid, None)
+        if saved:
+            a.next = int(saved.get("next", 0))
+            a.done = {str(k): int(v) for k, v in dict(saved.get("done", {})).items()}
+            a.worst = int(saved.get("worst", 0))
+            a.cancelled = str(saved.get("cancelled", ""))
+        at = float(saved.get("at", 0.0)) if saved else 0.0
+        for e in self._elements_of(tid):  # created before a restart
+            assert e.spec.element is not None
+            a.next = max(a.next, self._rank_after(a.spec, e.spec.element.index))
+            if not e.state.terminal:
+                a.live.add(e.id)
+            elif (e.finished_at or 0.0) > at:  # ended after the progress was journaled
+                self._count(a, e)
+        self.arrays[tid] = a
+        return self._fill(tid, a, now, wall)
+
+    def array_tick(self, now: float, wall: float) -> list[ev.Instruction]:
+        self.due.pop("arrays", None)
+        out: list[ev.Instruction] = []
+        for tid, a in list(self.arrays.items()):
+            ended = [
+                t
+                for eid in a.live
+                if (t := self.records.get_cached(eid)) is not None and t.state.terminal
+            ]
+            if ended:
+                out += self._ended(tid, a, ended, now, wall)
+        if self.arrays:
+            self.due["arrays"] = now + TICK
+            out.append(ev.WakeAt(now + TICK))
+        return out
+
+    def array_element_ended(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
+        """An element ended here: the next one comes at once, not at the next look."""
+        role = task.spec.element
+        if role is None or not task.state.terminal:
+            return []
+        a = self.arrays.get(role.array)
+        if a is None or task.id not in a.live:
+            return []
+        return self._ended(role.array, a, [task], now, wall)
+
+    def array_cancel(
+        self, tid: m.TaskId, why: str, wall: float
+    ) -> tuple[list[m.TaskId], list[ev.Instruction]]:
+        """`swarm cancel ID`: nothing more is created; the unfinished elements to cancel
+        (the runtime cancels each as any task); the record ends once they have."""
+        a = self.arrays.get(tid)
+        if a is None:
+            return [], []
+        a.cancelled = a.cancelled or why
+        out: list[ev.Instruction] = [ev.Persist((ev.Put(ARRAY + tid, a.record(wall)),))]
+        if a.finished():
+            out += self._end(tid, a, wall)
+        return sorted(a.live), out
+
+    # ------------------------------------------------------------------ helpers
+
+    def _elements_of(self, tid: m.TaskId) -> list[m.Task]:
+        found = list(self.records.active.values()) + list(self.records.finished.values())
+        return [t for t in found if t.spec.element is not None and t.spec.element.array == tid]
+
+    @staticmethod
+    def _rank_after(spec: ap.ArraySpec, index: int) -> int:
+        """The rank of the element after `index` (binary search over ranks)."""
+        lo, hi = 0, len(spec)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if spec.nth(mid) <= index:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _ended(
+        self, tid: m.TaskId, a: ArrayState, ended: Iterable[m.Task], now: float, wall: float
+    ) -> list[ev.Instruction]:
+        for t in ended:
+            a.live.discard(t.id)
+            self._count(a, t)
+        return self._fill(tid, a, now, wall, changed=True)
+
+    @staticmethod
+    def _count(a: ArrayState, t: m.Task) -> None:
+        a.done[t.state.value] = a.done.get(t.state.value, 0) + 1
+        if t.state is not S.SUCCEEDED:
+            known = t.exit_code is not None or t.signal is not None
+            a.worst = max(a.worst, (m.exit_status(t.exit_code, t.signal) if known else 1) or 1)
+
+    def _fill(
+        self, tid: m.TaskId, a: ArrayState, now: float, wall: float, changed: bool = False
+    ) -> list[ev.Instruction]:
+        """Create elements up to the cap (or the window); journal the progress after
+        them; end the record when every element has ended."""
+        rec = self.records.active.get(tid)
+        if rec is None:
+            return []
+        out: list[ev.Instruction] = []
+        made = 0
+        while not a.cancelled and a.next < len(a.spec) and len(a.live) < a.limit:
+            index = a.spec.nth(a.next)
+            a.next += 1
+            eid = element_id(tid, index)
+            if self.records.get_cached(eid) is not None:
+                continue  # made before a restart whose progress was not journaled
+            spec = attrs.evolve(
+                rec.spec,
+                id=eid,
+                argv=ap.element_argv(rec.spec.argv, index),
+                env={**rec.spec.env, **ap.element_env(tid, index)},
+                array="",
+                element=m.ArrayRole(tid, index),
+                after=(),  # the array waited for its parents already
+                submitted_at=wall,
+            )
+            task = m.new_task(spec, wall, self.node, f"element {index} of array {tid}")
+            self.records.store(task)
+            a.live.add(eid)
+            made += 1
+            out += [ev.Record(task), ev.Place(eid)]
+        if made or changed:
+            out.append(ev.Persist((ev.Put(ARRAY + tid, a.record(wall)),)))
+        if made and rec.state is S.QUEUED:
+            new = self.records.apply(tid, S.RUNNING, wall, "elements placed", node=self.node)
+            out.insert(0, ev.Record(new))
+        if a.finished():
+            out += self._end(tid, a, wall)
+        elif "arrays" not in self.due:
+            self.due["arrays"] = now + TICK
+            out.append(ev.WakeAt(now + TICK))
+        return out
+
+    def _end(self, tid: m.TaskId, a: ArrayState, wall: float) -> list[ev.Instruction]:
+        del self.arrays[tid]
+        t = self.records.active.get(tid)
+        out: list[ev.Instruction] = [ev.Persist((ev.Delete(ARRAY + tid),))]
+        if t is None:
+            return out
+        total = sum(a.done.values())
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(a.done.items()))
+        if a.cancelled:
+            dst, why = S.CANCELLED, f"{a.cancelled} ({counts})"
+        elif a.done.get(S.SUCCEEDED.value, 0) == total:
+            dst, why = S.SUCCEEDED, f"all {total} elements succeeded"
+        else:
+            dst, why = S.FAILED, f"elements: {counts}"
+        code = 0 if dst is S.SUCCEEDED else a.worst
+        if t.state is S.QUEUED and dst is not S.CANCELLED:
+            t = self.records.apply(tid, S.RUNNING, wall, "elements placed", node=self.node)
+            out.append(ev.Record(t))
+        new = self.records.apply(tid, dst, wall, why, exit_code=code)
+        return [*out, ev.Record(new, durable=True)]
+
+
+def restore_array_progress(kv: dict[str, Any]) -> dict[m.TaskId, dict[str, Any]]:
+    """Each array's journaled progress (keys array:<id>)."""
+    return {
+        k[len(ARRAY) :]: v for k, v in kv.items() if k.startswith(ARRAY) and isinstance(v, dict)
+    }
