@@ -1,3 +1,12 @@
 """swarm: decentralized peer-to-peer load sharing."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """`swarm.Executor` (issue 23), imported on first use: `import swarm` stays light."""
+    if name == "Executor":
+        from .futures import Executor
+
+        return Executor
+    raise AttributeError(f"module 'swarm' has no attribute {name!r}")
