@@ -261,7 +261,7 @@ def check_executed(
     """A task recorded as succeeded ran at least once (its process left a mark)."""
     out = []
     for a in acked:
-        if a.is_global or a.gang:  # a gang runs as its members (check_gangs)
+        if a.is_global or a.gang or a.array:  # runs as its members / elements
             continue
         where = authority(a, journals)
         j = journals.get(where)

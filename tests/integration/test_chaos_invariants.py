@@ -672,3 +672,9 @@ def test_the_arrays_scenario_submits_arrays_and_children_from_a_stream_of_its_ow
     assert len(arrays) == sc.groups and kids and all(s.cond in ("ok", "any", "notok") for s in kids)
     plain = make_plan(_attrs.evolve(sc, groups=0), 5)
     assert [s for s in plan.submits if s.kind not in ("array", "after")] == list(plain.submits)
+
+
+def test_an_array_record_succeeding_without_marks_of_its_own_is_not_unexecuted() -> None:
+    b = Book("n1")
+    b.run(m.TaskSpec(id="arr", argv=("x",), home="n1", array="0-1"), T0, T0 + 5)
+    assert inv.check_executed([inv.Acked("arr", "n1", array="0-1")], {"n1": b.data()}, {}) == []
