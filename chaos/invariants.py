@@ -356,8 +356,8 @@ def check_drain(
             continue
         for r in runs_on(j):
             spec = specs.get(r.task_id)
-            if spec is None or spec.is_global or spec.gang is not None:
-                continue  # a gang's own record runs no process (its members do)
+            if spec is None or spec.is_global or spec.gang is not None or spec.array:
+                continue  # a gang's or an array's own record runs no process
             last = None
             for e in evs:
                 if e.at <= r.start:
@@ -390,7 +390,7 @@ def check_reservations(
         runs = [
             r
             for r in runs_on(j)
-            if (s := specs.get(r.task_id)) and not s.is_global and s.gang is None
+            if (s := specs.get(r.task_id)) and not s.is_global and s.gang is None and not s.array
         ]
         for r in runs:
             spec = specs[r.task_id]

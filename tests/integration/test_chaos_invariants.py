@@ -621,6 +621,7 @@ def test_a_gang_record_running_at_a_drained_home_is_no_start() -> None:
     b.set_shares(T0, 1024, 0)
     gang = m.TaskSpec(id="g", argv=("x",), home="n1", gang=m.GangRequest(3))
     b.run(gang, T0 + 1, T0 + 5)
+    b.run(m.TaskSpec(id="a", argv=("x",), home="n1", array="0-3"), T0 + 1, T0 + 5)
     j = {"n1": b.data()}
     assert inv.check_drain(j, inv.specs_of(j)) == []
     assert inv.check_reservations(j, inv.specs_of(j), {"n1": 1024}) == []
