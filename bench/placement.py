@@ -25,9 +25,17 @@ and no --shares at all, so every node takes the default of 1024 shares per slot;
 ideal is then work in proportion to slots (the size-weighted ideal), and the bench
 prints each node's work next to it. Writes bench/results/placement_hetero.json.
 
+`--mode array` (issue 23): one array of `--tasks` elements (default 10,000) submitted
+at the first of `--nodes` agents (default 5); placed/s counts from the submission to
+the last element's first decision (its home creates the elements, a window at a time,
+and places each). It also reports each agent's journal operations per task and the
+agents' CPU per task, from submission until every element ended and until the last was
+placed. Writes bench/results/placement_array.json.
+
 Targets (issue 4): balance at least 3x closer to ideal than random (CV ratio),
 >= 500 tasks/s placed cluster-wide. Issue 21: the same 3x with default shares on
-nodes of different sizes.
+nodes of different sizes. Issue 23: an array placed at >= 2,000 tasks/s, single
+tasks at >= 500/s, agent CPU per remote task <= 3 ms.
 """
 
 from __future__ import annotations
@@ -84,12 +92,14 @@ def ideal_weights(sizes: list[tuple[int | None, int]]) -> list[float]:
     return [float(sh if sh is not None else s) for sh, s in sizes]
 
 
-def start_cluster(root: Path, rule: str, sizes: list[tuple[int | None, int]]) -> list[LocalAgent]:
+def start_cluster(
+    root: Path, rule: str, sizes: list[tuple[int | None, int]], extra: tuple[str, ...] = ()
+) -> list[LocalAgent]:
     """swarm: two choices + adaptive transfer; the baseline: random placement, no transfer
     (`two-choice-no-transfer`: two choices alone, to tell the two apart)."""
     placement, transfer_on = RULES[rule]
     transfer = "--transfer" if transfer_on else "--no-transfer"
-    args = [*BASE, "--log-level", "warning", "--placement", placement, transfer]
+    args = [*BASE, "--log-level", "warning", "--placement", placement, transfer, *extra]
     prefix = rule[:3] if transfer_on or placement == "random" else "twn"
 
     def node_args(i: int) -> list[str]:
@@ -291,6 +301,123 @@ def run(
             a.stop()
 
 
+def journal_ops(agents: list[LocalAgent]) -> list[int]:
+    out = []
+    for a in agents:
+        with a.client() as c:
+            out.append(int(c.info()["journal_ops"]))
+    return out
+
+
+def array_run(
+    root: Path, rule: str, n: int, sizes: list[tuple[int | None, int]], argv: list[str]
+) -> dict[str, Any]:
+    """One array of n elements submitted at the first node (issue 23)."""
+    from swarm.node.arrays import element_id
+
+    agents = start_cluster(root / f"{rule}-array", rule, sizes)
+    try:
+        shares = check_shares(agents, sizes)
+        ops0 = journal_ops(agents)
+        cpu_start = agent_cpu_s(agents)
+        client = Client(agents[0].socket, timeout=600)
+        t0 = time.time()
+        aid = client.submit(argv, cwd="/", array=f"0-{n - 1}")
+        submit_end = time.time()
+        ids = [element_id(aid, i) for i in range(n)]
+        # placed: the home's counters of first decisions (cheap to poll), so the CPU of
+        # placement alone is known too; the times come from the decisions afterwards
+        cpu_placed = None
+        while cpu_placed is None:
+            time.sleep(0.1)
+            co = client.info()["coordinator"]
+            if co.get("placed_local", 0) + co.get("placed_remote", 0) >= n:
+                cpu_placed = agent_cpu_s(agents)
+            elif time.time() - t0 > 900:
+                break
+        rec = client.wait(aid, timeout=900)
+        done_at = time.time()
+        cpu_done = agent_cpu_s(agents)
+        ops1 = journal_ops(agents)
+        records = [client.status(tid) for tid in ids]
+        placed_at = {tid: first_placement(client.call("explain", id=tid)) for tid in ids}
+        unplaced = sum(1 for v in placed_at.values() if v is None)
+        infos = []
+        for a in agents:
+            with a.client() as c:
+                infos.append(c.info())
+        client.close()
+        names = [a.name for a in agents]
+        count = {nm: 0 for nm in names}
+        for r in records:
+            count[r["node"]] = count.get(r["node"], 0) + 1
+        weights = ideal_weights(sizes)
+        total = sum(weights)
+        ideal = {nm: n * w / total for nm, w in zip(names, weights, strict=True)}
+        rel = [count[nm] / ideal[nm] for nm in names]
+        remote = n - count[names[0]]
+        last = max(v for v in placed_at.values() if v is not None)
+        return {
+            "tasks": n,
+            "array_state": rec["state"],
+            "succeeded": sum(1 for r in records if r["state"] == "succeeded"),
+            "submit_s": submit_end - t0,
+            "placed_per_s": n / (last - t0) if not unplaced else 0.0,
+            "unplaced": unplaced,
+            "completed_per_s": n / (done_at - t0),
+            "cv_vs_ideal": statistics.pstdev(rel) / statistics.mean(rel),
+            "per_node": count,
+            "ideal_per_node": {nm: round(v, 1) for nm, v in ideal.items()},
+            "per_node_vs_ideal": {nm: round(r, 3) for nm, r in zip(names, rel, strict=True)},
+            "remote_tasks": remote,
+            "agent_cpu_ms_per_task": 1000 * (cpu_done - cpu_start) / n,
+            "agent_cpu_ms_per_task_placing": 1000 * ((cpu_placed or cpu_done) - cpu_start) / n,
+            "journal_ops_per_task": {
+                nm: round((b - a) / n, 2) for nm, a, b in zip(names, ops0, ops1, strict=True)
+            },
+            "transfers_per_task": sum(i["coordinator"]["transfers_pushed"] for i in infos) / n,
+            "nodes": {
+                a.name: {"slots": s, "shares": sh}
+                for a, (_, s), sh in zip(agents, sizes, shares, strict=True)
+            },
+        }
+    finally:
+        for a in agents:
+            a.stop()
+
+
+def main_array(args: argparse.Namespace) -> None:
+    n = args.tasks or 10_000
+    sizes = node_sizes("shares", args.slots, [])[: args.nodes]
+    out = Path(args.out or HERE / "results" / "placement_array.json")
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="swp-") as tmp:
+        for rule in [r.strip() for r in args.rules.split(",") if r.strip()]:
+            print(f"running {rule}/array ({n} elements, {args.nodes} nodes)...", flush=True)
+            r = results[rule] = array_run(Path(tmp), rule, n, sizes, args.task.split())
+            print(
+                f"  placed {r['placed_per_s']:.0f}/s  done {r['completed_per_s']:.0f}/s  "
+                f"CV {r['cv_vs_ideal']:.3f}  agent CPU {r['agent_cpu_ms_per_task']:.2f} ms/task "
+                f"({r['agent_cpu_ms_per_task_placing']:.2f} until placed)  "
+                f"journal ops/task {r['journal_ops_per_task']}  "
+                f"{r['array_state']}, ok {r['succeeded']}/{n}",
+                flush=True,
+            )
+            print_per_node(r)
+    two, rnd = results.get("two-choice"), results.get("random")
+    if two is not None and rnd is not None:
+        results["summary"] = {
+            "balance_gain_vs_random": rnd["cv_vs_ideal"] / max(two["cv_vs_ideal"], 1e-9),
+            "placed_per_s": two["placed_per_s"],
+        }
+        print(json.dumps(results["summary"], indent=2))
+    results["config"] = {"tasks": n, "nodes": args.nodes, "task": args.task}
+    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+
+
 def print_per_node(r: dict[str, Any]) -> None:
     """Each node's slots, work and ideal work, one line per node."""
     for name, node in r["nodes"].items():
@@ -332,8 +459,17 @@ def main() -> None:
         default="two-choice,random",
         help=f"comma-separated, of {', '.join(RULES)}; the summary compares two-choice with random",
     )
-    ap.add_argument("--out", help="default bench/results/placement[_hetero].json")
+    ap.add_argument("--out", help="default bench/results/placement[_hetero|_array].json")
+    ap.add_argument(
+        "--mode",
+        choices=("single", "array"),
+        default="single",
+        help="single: tasks submitted one by one; array: one array (issue 23)",
+    )
+    ap.add_argument("--nodes", type=int, default=5, help="agents in array mode")
     args = ap.parse_args()
+    if args.mode == "array":
+        return main_array(args)
     hetero = args.sizes == "hetero"
     n_tasks = args.tasks if args.tasks is not None else (2000 if hetero else 5000)
     sizes = node_sizes(args.sizes, args.slots, [int(x) for x in args.node_slots.split(",")])

@@ -45,7 +45,28 @@ def gpu_request_from_wire(obj: Any) -> m.GpuRequest:
     return g
 
 
+SPEC_CACHE = 8192  # recently encoded specs whose wire form is kept
+
+
+_spec_wire: dict[int, tuple[m.TaskSpec, dict[str, Any]]] = {}
+
+
 def task_spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
+    """A spec's wire form. Specs are immutable and one spec is encoded many times on
+    its way (the offer, the home's and the guest's handoff entries, its records), so
+    the forms of the last SPEC_CACHE specs are kept, by identity (the entry holds the
+    spec, so its id cannot be reused meanwhile). Callers must not modify the result."""
+    hit = _spec_wire.get(id(s))
+    if hit is not None and hit[0] is s:
+        return hit[1]
+    d = _spec_to_wire(s)
+    _spec_wire[id(s)] = (s, d)
+    if len(_spec_wire) > SPEC_CACHE:
+        del _spec_wire[next(iter(_spec_wire))]
+    return d
+
+
+def _spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
     return {
         "id": s.id,
         "argv": list(s.argv),

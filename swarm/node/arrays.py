@@ -10,7 +10,10 @@ array and index), with `SWARM_ARRAY_ID`/`SWARM_ARRAY_INDEX` in its environment a
 - **The cap.** With `%K`, at most K elements are unfinished at once (created, not
   yet ended): the home creates the next one only when one ends. So never more than K
   run cluster-wide. Without a cap, the home keeps `WINDOW` elements unfinished, so
-  that a million-element array is not a million records at once.
+  that a million-element array is not a million records at once, yet enough are
+  placed ahead (queued at the nodes) that the fleet never waits for the home.
+  Elements are made CHUNK at a time, the next chunk on the next turn of the driver's
+  loop, so a burst of placements never holds the loop (gossip, the API) for long.
 - **The record** goes RUNNING with its first elements, and ends when every element
   has ended: SUCCEEDED if all did, CANCELLED after `swarm cancel ID`, FAILED
   otherwise, with the worst (highest) exit code of its elements.
@@ -36,7 +39,8 @@ from . import events as ev
 
 S = m.TaskState
 ARRAY = "array:"  # journal key: array:<id> -> progress (ArrayState.record)
-WINDOW = 256  # unfinished elements of an array without a cap
+WINDOW = 10_000  # unfinished elements of an array without a cap
+CHUNK = 256  # elements created (and placed) per turn: the event loop breathes between
 TICK = 0.25  # seconds between looks at an active array's unfinished elements
 
 
@@ -69,6 +73,10 @@ class ArrayState:
     @property
     def limit(self) -> int:
         return self.spec.cap or WINDOW
+
+    def room(self) -> bool:
+        """May another element be created now?"""
+        return not self.cancelled and self.next < len(self.spec) and len(self.live) < self.limit
 
     def finished(self) -> bool:
         return not self.live and (self.next >= len(self.spec) or bool(self.cancelled))
@@ -141,9 +149,18 @@ class Arrays:
             ]
             if ended:
                 out += self._ended(tid, a, ended, now, wall)
-        if self.arrays:
+        if self.arrays and "arrays" not in self.due:
             self.due["arrays"] = now + TICK
             out.append(ev.WakeAt(now + TICK))
+        return out
+
+    def array_fill(self, now: float, wall: float) -> list[ev.Instruction]:
+        """The next chunk of each array with room (no look at the unfinished ones)."""
+        self.due.pop("array_fill", None)
+        out: list[ev.Instruction] = []
+        for tid, a in list(self.arrays.items()):
+            if a.room():
+                out += self._fill(tid, a, now, wall)
         return out
 
     def array_element_ended(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
@@ -213,7 +230,7 @@ class Arrays:
             return []
         out: list[ev.Instruction] = []
         made = 0
-        while not a.cancelled and a.next < len(a.spec) and len(a.live) < a.limit:
+        while a.room() and made < CHUNK:
             index = a.spec.nth(a.next)
             a.next += 1
             eid = element_id(tid, index)
@@ -241,9 +258,13 @@ class Arrays:
             out.insert(0, ev.Record(new))
         if a.finished():
             out += self._end(tid, a, wall)
-        elif "arrays" not in self.due:
-            self.due["arrays"] = now + TICK
-            out.append(ev.WakeAt(now + TICK))
+        else:
+            if a.room():  # the next chunk on the loop's next turn
+                self.due["array_fill"] = now
+                out.append(ev.WakeAt(now))
+            if "arrays" not in self.due:
+                self.due["arrays"] = now + TICK
+                out.append(ev.WakeAt(now + TICK))
         return out
 
     def _end(self, tid: m.TaskId, a: ArrayState, wall: float) -> list[ev.Instruction]:

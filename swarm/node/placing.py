@@ -22,7 +22,7 @@ from ..policy import constraints as cons
 from ..policy import gpu as gpupol
 from ..policy import placement as pl
 from ..policy import shares as sh
-from ..policy.view import LoadView
+from ..policy.view import LoadView, charged
 from . import decide
 from . import events as ev
 from .records import TaskRecords
@@ -269,6 +269,9 @@ class Placing:
             why, instrs = self.offer(tid, p.target, now, wall)
             if why is None:
                 job.offered = p
+                entry = self.view.get(p.target)
+                if entry is not None:  # counted there until its next report
+                    self.view.put(p.target, charged(entry, t.spec.weight))
                 return out + instrs
             rec = p.explain()
             rec["outcome"] = f"{p.target} refused: {why}"

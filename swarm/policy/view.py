@@ -89,6 +89,18 @@ class LoadView(Mapping[NodeId, PeerInfo]):
         return len(self._entries)
 
 
+def charged(entry: PeerInfo, weight: float) -> PeerEntry:
+    """`entry` with one more task of `weight` queued there: what a home assumes of a peer
+    it just offered a task to, until the peer's next report says what it really has.
+    Without it a burst of placements (an array's elements) all read the same stale
+    report and pile onto whichever peer looked least loaded when it was sent."""
+    r = entry.report
+    return PeerEntry(
+        attrs.evolve(r, weight_sum=r.weight_sum + weight, queued=r.queued + 1),
+        entry.received_at,
+    )
+
+
 def indexed_keys(view: Mapping[NodeId, PeerInfo]) -> Callable[[int], NodeId]:
     """An O(1) index -> key function for `view`: its own when it has one, else a copy."""
     key_at = getattr(view, "key_at", None)

@@ -24,7 +24,6 @@ import attrs
 import trio
 
 from .. import model as m
-from .. import wire
 from ..cluster import handoff as h
 from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpdated, MemberEvent
 from ..logs import EventLog
@@ -45,10 +44,10 @@ from .failoverio import FailoverIO
 from .fencingio import FencingIO
 from .gangio import GangIO
 from .globaltasks import GlobalTaskIO
+from .handoffbatch import HandoffOutbox, serve_batch
 from .journal import Journal
-from .net import TransportError
 from .peerreads import PeerReads
-from .peers import ClusterNode, RemoteError
+from .peers import ClusterNode
 from .runner import LocalRunner
 from .sampler import Sampler
 from .tasks import TaskTable
@@ -119,6 +118,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
         # the migration side and the driver call each other: the driver builds it
         self.migrator: MoveHooks | None = moves(self) if moves is not None else None
         self.transfers = TransferIO(self, transfer_config)
+        self.outbox = HandoffOutbox(self)  # handoff requests, batched per peer
         self.globals_io = GlobalTaskIO(self)
         self.reads = PeerReads(table, runner, self.copy_of)
         runner.reserved = self.state.gang_held  # slots held for gangs: not for others
@@ -351,28 +351,6 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
         stimulus = ev.HandoffOutputs(now, wall, self._next_id(), tuple(outs), task_ids)
         await self.execute(self.state.handle(stimulus))
 
-    async def _deliver(self, s: h.Send) -> None:
-        """Send one handoff request and feed the reply (or its absence) back."""
-        req = s.request
-        reply: h.Reply | None = None
-        self.io_counters["handoff_rpcs"] += 1
-        kind = "handoff_sent_" + type(req).__name__.lower()
-        self.io_counters[kind] = self.io_counters.get(kind, 0) + 1
-        try:
-            if self.cluster is not None:
-                raw = await self.cluster.request(
-                    s.dest, {"op": "handoff", "req": h.request_to_wire(req)}, self.rpc_timeout
-                )
-                reply = h.reply_from_wire(raw.get("reply"))
-        except (TransportError, RemoteError, wire.WireError) as e:
-            self.io_counters["handoff_rpc_failures"] += 1
-            self.log.debug("handoff.rpc_failed", dest=s.dest, kind=type(req).__name__, error=str(e))
-        finally:
-            self._inflight.discard((s.dest, req))
-        now, wall = self._time()
-        answer = ev.HandoffReply(now, wall, self._next_id(), s.dest, req, reply)
-        await self.execute(self.state.handle(answer))
-
     async def rpc_handoff(
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
     ) -> dict[str, Any]:
@@ -382,6 +360,11 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO):
         reply, instrs = self.state.on_request(sender, r, now, wall, refusal)
         await self.execute(instrs)
         return {"reply": h.reply_to_wire(reply)}
+
+    async def rpc_handoff_batch(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        return await serve_batch(self, req, sender)
 
     async def cancel_remote(self, tid: m.TaskId) -> None:
         """Cancel a task whose home is here and which lives elsewhere (or is in flight)."""

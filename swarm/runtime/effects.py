@@ -58,8 +58,8 @@ class Effects:
     globals_io: GlobalTaskIO
 
     if TYPE_CHECKING:  # provided by Driver
+        outbox: Any  # handoffbatch.HandoffOutbox
 
-        async def _deliver(self, s: h.Send) -> None: ...
         async def _send_notices(self, i: ev.SendNotices) -> None: ...
         async def _send_replica(self, i: ev.SendReplica) -> None: ...
         async def _ask_lease(self, i: ev.AskLease) -> None: ...
@@ -86,6 +86,40 @@ class Effects:
                 await self._do_blocking(i)
             else:
                 self._do(i)
+
+    async def execute_batch(self, instrs: list[ev.Instruction]) -> None:
+        """Many stimuli's instructions at once (a batch of handoff requests or replies):
+        every journal write among them in one commit, awaited if any must be durable,
+        then the rest in order. Writes keep their order among themselves; what else
+        they preceded only comes later, which never breaks "journal, then send"."""
+        ops: list[Any] = []
+        durable = False
+        woken: list[m.TaskId] = []
+        rest: list[ev.Instruction] = []
+        for i in instrs:
+            if isinstance(i, ev.Record):
+                self.table.noted(i.task)
+                ops.append(PutTask(i.task))
+                woken.append(i.task.id)
+                durable = durable or i.durable
+            elif isinstance(i, ev.Persist):
+                ops += _kv_ops(i.ops)
+                durable = durable or i.durable
+            elif isinstance(i, ev.Explain):
+                rec = i.record
+                ops.append(JEvent(rec["at"], "decision", i.task_id, self.node, rec))
+            elif isinstance(i, ev.Forget):
+                ops.append(DelTask(i.task_id))
+                woken.append(i.task_id)
+            else:
+                rest.append(i)
+        if durable:
+            await self.journal.commit(ops, must_land=True)
+        elif ops:
+            self.journal.enqueue(ops)
+        for tid in woken:
+            self.table.wake(tid)
+        await self.execute(rest)
 
     async def _do_blocking(self, i: ev.Instruction) -> None:
         if isinstance(i, ev.Record):
@@ -131,7 +165,7 @@ class Effects:
                 self.io_counters["handoff_dedup"] = self.io_counters.get("handoff_dedup", 0) + 1
                 return
             self._inflight.add(key)
-            self._spawn(self._deliver, i.send)
+            self.outbox.put(i.send)
         elif isinstance(i, ev.Explain):
             rec = i.record
             self.journal.enqueue([JEvent(rec["at"], "decision", i.task_id, self.node, rec)])

@@ -205,6 +205,80 @@ def apply_op(c: sqlite3.Connection, op: Op, node: str) -> None:
         )
 
 
+_UPSERT_TASK = (
+    "INSERT INTO tasks(id, state, terminal, updated, record) VALUES(?,?,?,?,?) "
+    "ON CONFLICT(id) DO UPDATE SET state=excluded.state, terminal=excluded.terminal, "
+    "updated=excluded.updated, record=excluded.record"
+)
+_INSERT_EVENT = "INSERT INTO events(at, kind, task_id, node, data) VALUES(?,?,?,?,?)"
+_UPSERT_KV = (
+    "INSERT INTO kv(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value"
+)
+
+
+def apply_ops(c: sqlite3.Connection, ops: list[Op], node: str) -> None:
+    """Write `ops` in the open transaction of `c`, as `apply_op` would one by one, in a
+    handful of `executemany` calls: the last write per task and per key (a record is
+    rewritten whole), every event. The writer runs in a worker thread, and each sqlite
+    call gives up the GIL and must win it back from a busy event loop (up to the
+    interpreter's 5 ms switch interval): thousands of calls per transaction made a
+    burst's commits take most of a second. A batch with a retention delete or a process
+    row is rare and is written op by op, in order."""
+    if any(isinstance(op, (ForgetFinished, PutProc, DelProc)) for op in ops):
+        for op in ops:
+            apply_op(c, op, node)
+        return
+    tasks: dict[str, m.Task | None] = {}
+    kv: dict[str, bytes | None] = {}
+    events: list[tuple[Any, ...]] = []
+    for op in ops:
+        if isinstance(op, PutTask):
+            t = op.task
+            tasks.pop(t.id, None)  # the last write goes last
+            tasks[t.id] = t
+            if t.history:
+                tr = t.history[-1]
+                data = {"src": tr.src.value if tr.src else None, "dst": tr.dst.value}
+                data["cause"] = tr.cause
+                events.append((tr.at, "transition", t.id, tr.node, json.dumps(data)))
+        elif isinstance(op, DelTask):
+            tasks.pop(op.task_id, None)
+            tasks[op.task_id] = None
+        elif isinstance(op, PutKV):
+            kv.pop(op.key, None)
+            kv[op.key] = wire.pack(op.value)
+        elif isinstance(op, DelKV):
+            kv.pop(op.key, None)
+            kv[op.key] = None
+        elif isinstance(op, Event):
+            text = json.dumps(op.data, default=str)
+            events.append((op.at, op.kind, op.task_id, op.node or node, text))
+    dels = [(k,) for k, v in tasks.items() if v is None]
+    if dels:
+        c.executemany("DELETE FROM tasks WHERE id=?", dels)
+    rows = [
+        (
+            t.id,
+            t.state.value,
+            int(t.state.terminal),
+            t.history[-1].at if t.history else 0.0,
+            encode_task(t),
+        )
+        for t in tasks.values()
+        if t is not None
+    ]
+    if rows:
+        c.executemany(_UPSERT_TASK, rows)
+    if events:
+        c.executemany(_INSERT_EVENT, events)
+    kdels = [(k,) for k, v in kv.items() if v is None]
+    if kdels:
+        c.executemany("DELETE FROM kv WHERE key=?", kdels)
+    kput = [(k, v) for k, v in kv.items() if v is not None]
+    if kput:
+        c.executemany(_UPSERT_KV, kput)
+
+
 def retry_key(op: Op) -> str:
     if isinstance(op, (PutTask, DelTask, ForgetFinished)):
         return "task:" + (op.task.id if isinstance(op, PutTask) else op.task_id)

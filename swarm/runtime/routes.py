@@ -20,6 +20,7 @@ def peer_routes(coord: Driver, migrator: Migrator, ops: LocalOps) -> dict[str, R
     return {
         # task handoff between a home and its executors (runtime/driver.py)
         "handoff": coord.rpc_handoff,
+        "handoff_batch": coord.rpc_handoff_batch,  # many at once (runtime/handoffbatch.py)
         "succession": coord.rpc_succession,  # adoption notices (node/failover.py)
         "replica": coord.rpc_replica,  # copies of another home's tasks (node/replicas.py)
         "lease": coord.rpc_lease,  # a runner's lease for an --at-most-once task (fencing.py)

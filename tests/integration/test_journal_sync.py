@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -87,15 +88,30 @@ async def test_on_written_runs_before_the_fsync_and_commit_returns_after(
         assert seen == [True] and j.inline_commits == 1
 
 
-async def test_under_load_the_write_and_fsync_go_to_a_thread_before_on_written(
+async def test_under_load_the_write_stays_on_the_loop_and_the_fsync_goes_to_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Written on the loop (a chunk at a time: a worker thread lost the GIL to the busy
+    loop on every sqlite call), on_written, then the fsync in a worker thread."""
     monkeypatch.setattr(jmod, "INLINE_OPS", 0)  # every batch counts as "under load"
+    monkeypatch.setattr(jmod, "WRITE_CHUNK", 2)
     async with _running_journal(tmp_path, monkeypatch) as (j, syncs):
         order = syncs.order
         order.clear()
-        await j.commit([PutTask(_task("t2"))], on_written=lambda: order.append("written"))
-        assert order == ["fsync", "written"] and j.inline_commits == 0
+        threads: list[str] = []
+        real = jmod.os.fdatasync
+
+        def sync(fd: int) -> None:
+            threads.append(threading.current_thread().name)
+            real(fd)
+
+        monkeypatch.setattr(jmod.os, "fdatasync", sync)
+        ops = [PutTask(_task(f"t2-{i}")) for i in range(5)]
+        await j.commit(ops, on_written=lambda: order.append("written"))
+        order.append("returned")
+        assert order == ["written", "fsync", "returned"] and j.inline_commits == 0
+        assert threads and threads[0] != threading.main_thread().name
+        assert all(_in_db(j.path, f"t2-{i}") for i in range(5))
 
 
 async def test_a_failed_fsync_fails_the_commit_and_must_land_ops_are_written_again(

@@ -30,9 +30,10 @@ from swarm import codec, crypto, request_checks, wire
 from swarm import model as m
 from swarm.cluster import gang as gg
 from swarm.cluster import gangwire, succession
+from swarm.cluster import handoff as hf
 from swarm.cluster import messages as msgs
 from swarm.node import replicas
-from swarm.runtime import fencingio, gangio, journaldb, net
+from swarm.runtime import fencingio, gangio, handoffbatch, journaldb, net
 from swarm.runtime import journal as jr
 from swarm.runtime.api import ApiServer, Ops, PeerCred
 
@@ -100,6 +101,12 @@ def only_typed(fn: Callable[[], Any], typed: type[BaseException] = wire.WireErro
 
 
 # ------------------------------------------------------------------ samples
+
+
+def _field(obj: Any, key: str) -> Any:
+    """A field of an RPC message (the transport hands handlers maps only)."""
+    return obj.get(key) if isinstance(obj, dict) else None
+
 
 SPEC = m.TaskSpec(
     id="t0123456789abcdef",
@@ -218,6 +225,28 @@ CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = (
                 "spec": codec.task_spec_to_wire(GANG_SPEC),
                 "run": 1,
                 "master_addr": "10.0.0.2",
+            },
+        ),
+        (
+            "handoff_batch",
+            lambda obj: handoffbatch.batch_from_wire(_field(obj, "reqs")),
+            {
+                "op": "handoff_batch",
+                "reqs": handoffbatch.batch_to_wire(
+                    [hf.Offer(SPEC.id, 3, SPEC), hf.Commit(SPEC.id, 3), hf.Query("t9", 1, 2, True)]
+                ),
+            },
+        ),
+        (
+            "handoff_batch_replies",
+            lambda obj: handoffbatch.replies_from_wire(
+                _field(obj, "replies"), [hf.Commit(SPEC.id, 3), hf.Query("t9", 1)]
+            ),
+            {
+                "replies": [
+                    hf.reply_to_wire(hf.Reply(SPEC.id, 3, True)),
+                    hf.reply_to_wire(hf.Reply("t9", 1, True, hf.Verdict.WAIT, "offer in flight")),
+                ]
             },
         ),
     ]

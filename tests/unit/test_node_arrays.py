@@ -11,7 +11,7 @@ import pytest
 from swarm import model as m
 from swarm import wire
 from swarm.node import events as ev
-from swarm.node.arrays import ARRAY, WINDOW, element_id, restore_array_progress
+from swarm.node.arrays import ARRAY, CHUNK, WINDOW, element_id, restore_array_progress
 from swarm.node.state import Settings
 from swarm.request_checks import submit_spec
 
@@ -76,9 +76,19 @@ def test_elements_come_up_to_the_cap_and_one_more_as_each_ends() -> None:
 
 
 def test_an_array_without_a_cap_keeps_a_window_of_elements() -> None:
+    """Elements come CHUNK per turn of the loop (a wake at once for the next), up to
+    the window, and no further while none has ended."""
     n = ArrayNode()
     n.submit_array("0-999999")
+    assert len(n.elements()) == CHUNK
+    turns = 0
+    while len(n.elements()) < WINDOW:
+        turns += 1
+        n.run(n.state.handle(ev.Wake(50.0, 1050.0, f"w{turns}")))
+        assert turns <= WINDOW // CHUNK
+    n.run(n.state.handle(ev.Wake(51.0, 1051.0, "again")))
     assert len(n.elements()) == WINDOW
+    assert turns == -(-WINDOW // CHUNK) - 1
 
 
 def test_all_succeeded_is_success_and_cancel_stops_creating() -> None:

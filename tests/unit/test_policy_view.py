@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarm.model import LoadReport
-from swarm.policy.view import LoadView, PeerEntry, PeerInfo, sample_peers
+from swarm.policy.view import LoadView, PeerEntry, PeerInfo, charged, sample_peers
 
 
 @settings(max_examples=150, deadline=None)
@@ -90,3 +90,28 @@ def test_plain_mapping_views_work_too() -> None:
     d = dict(_view(300).items())
     s = sample_peers(d, 2, random.Random(1), _even)
     assert len(s.chosen) == 2
+
+
+def test_a_burst_of_placements_spreads_over_equal_peers_when_offers_are_charged() -> None:
+    """Issue 23: a home placing many tasks at once on one stale view piles them onto
+    whichever peer looked least loaded; charging each offer to its target's entry
+    (until the peer's next report) spreads them like a fresh view would."""
+    from swarm.model import TaskSpec
+    from swarm.policy import placement as pl
+
+    local = LoadReport("home", 1024, queued=1000, weight_sum=1000.0, slots=8)
+    peers = {f"p{i}": LoadReport(f"p{i}", 1, weight_sum=float(i), slots=8) for i in range(4)}
+    rng = random.Random(1)
+    for charge in (False, True):
+        v = LoadView({n: PeerEntry(r, 0.0) for n, r in peers.items()})
+        got: Counter[str] = Counter()
+        for k in range(400):
+            p = pl.place(TaskSpec(id=f"t{k}", argv=("true",)), local, v, rng, 0.0, d=4)
+            assert p.target is not None
+            got[p.target] += 1
+            if charge:
+                v.put(p.target, charged(v[p.target], 1.0))
+        if charge:  # filled by projected load: 400 + 0+1+2+3 spread evenly
+            assert all(abs(got[f"p{i}"] + i - 101.5) <= 1 for i in range(4)), got
+        else:
+            assert got == {"p0": 400}  # all on the peer that looked least loaded

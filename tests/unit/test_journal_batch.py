@@ -1,0 +1,107 @@
+"""The journal's batched writes (issue 23): `apply_ops` leaves the database exactly as
+`apply_op` one op at a time would, and `enqueue` shares one queue entry without ever
+putting a write before an earlier `commit`."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarm import model as m
+from swarm.runtime import journal as jr
+from swarm.runtime import journaldb as jdb
+
+S = m.TaskState
+IDS = ["a", "b", "c"]
+
+
+def _task(tid: str, state: S, at: float) -> m.Task:
+    t = m.new_task(m.TaskSpec(id=tid, argv=("true",), home="n1", cwd="/"), at, "n1")
+    if state is not S.QUEUED:
+        t = m.transition(t, S.RUNNING, at + 1, "started", node="n2")
+    if state.terminal:
+        t = m.transition(t, state, at + 2, "exited 0", node="n2")
+    return t
+
+
+ops = st.one_of(
+    st.builds(
+        lambda tid, state, at: jdb.PutTask(_task(tid, state, at)),
+        st.sampled_from(IDS),
+        st.sampled_from([S.QUEUED, S.RUNNING, S.SUCCEEDED]),
+        st.floats(0, 100),
+    ),
+    st.builds(jdb.DelTask, st.sampled_from(IDS)),
+    st.builds(jdb.PutKV, st.sampled_from(["k1", "k2"]), st.integers(0, 9)),
+    st.builds(jdb.DelKV, st.sampled_from(["k1", "k2"])),
+    st.builds(
+        lambda at, tid: jdb.Event(at, "decision", tid, "", {"outcome": "x"}),
+        st.floats(0, 100),
+        st.sampled_from(IDS),
+    ),
+)
+
+
+def _db() -> sqlite3.Connection:
+    c = sqlite3.connect(":memory:", isolation_level=None)
+    c.executescript(jdb.SCHEMA)
+    return c
+
+
+def _dump(c: sqlite3.Connection) -> dict[str, Any]:
+    return {
+        "tasks": c.execute("SELECT * FROM tasks ORDER BY id").fetchall(),
+        "kv": c.execute("SELECT * FROM kv ORDER BY key").fetchall(),
+        "events": c.execute("SELECT * FROM events ORDER BY seq").fetchall(),
+    }
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ops, max_size=30))
+def test_apply_ops_writes_what_apply_op_writes(batch: list[jdb.Op]) -> None:
+    one, many = _db(), _db()
+    for op in batch:
+        jdb.apply_op(one, op, "n1")
+    jdb.apply_ops(many, batch, "n1")
+    assert _dump(one) == _dump(many)
+
+
+def test_a_batch_with_a_retention_delete_is_written_in_order() -> None:
+    one, many = _db(), _db()
+    batch: list[jdb.Op] = [
+        jdb.PutTask(_task("a", S.SUCCEEDED, 1.0)),
+        jdb.ForgetFinished("a"),
+        jdb.PutTask(_task("a", S.QUEUED, 2.0)),
+    ]
+    for op in batch:
+        jdb.apply_op(one, op, "n1")
+    jdb.apply_ops(many, batch, "n1")
+    assert _dump(one) == _dump(many)
+    assert len(_dump(many)["tasks"]) == 1
+
+
+async def test_enqueue_shares_an_entry_but_never_overtakes_a_commit(tmp_path: Any) -> None:
+    """enqueue(x1), commit(x2), enqueue(x3) for one task: x3 lands last, whatever
+    the writer batches together."""
+    j = jr.Journal(tmp_path / "journal.db", node="n1")
+    try:
+        j.enqueue([jdb.PutTask(_task("a", S.QUEUED, 1.0))])
+        j.enqueue([jdb.PutKV("k", 1)])  # shares the first entry
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(j.commit, [jdb.PutTask(_task("a", S.RUNNING, 2.0))])
+            await trio.sleep(0)
+            j.enqueue([jdb.PutTask(_task("a", S.SUCCEEDED, 3.0))])
+            await nursery.start(j.run)
+            while j.ops_written < 4:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        c = sqlite3.connect(j.path)
+        row = c.execute("SELECT record FROM tasks WHERE id='a'").fetchone()
+        c.close()
+        assert jdb.decode_task(row[0]).state is S.SUCCEEDED
+    finally:
+        j.close()
