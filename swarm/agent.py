@@ -148,12 +148,12 @@ class Agent:
         self._stop = trio.Event()
 
     def _plan_hook(self, task: m.Task, plan: ProcessPlan) -> ProcessPlan:
-        """A task's process plan: its GPU slice, its user and cgroup, then a CRIU
-        restore's changes (it runs as root)."""
+        """A task's process plan: its GPU slice, this agent's socket (SWARM_SOCKET: a
+        task's own swarm calls reach the agent that runs it), its user and cgroup, then
+        a CRIU restore's changes (it runs as root)."""
         plan = self.coord.gang_plan(task, self.coord.fence_plan(task, plan))
-        gpu_env = self.coord.gpu_env(task)
-        if gpu_env:
-            plan = attrs.evolve(plan, env={**plan.env, **gpu_env})
+        env = {**self.coord.gpu_env(task), "SWARM_SOCKET": str(self.config.socket)}
+        plan = attrs.evolve(plan, env={**plan.env, **env})
         return self.migrator.plan_hook(task, self.isolation.plan(task, plan))
 
     @property

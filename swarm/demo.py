@@ -1,16 +1,22 @@
 """`make demo`: a local swarm on loopback takes a workload and shows where it went.
 
 Starts five agents in a temporary directory (real processes, real sockets, real
-journals; shares 2048, 1024, 1024, 512 and 512), submits a few hundred tasks of mixed
-length at ONE of them, and shows how the work spread over the cluster next to the
-share-weighted ideal: a table of tasks per node, a timeline of queued+running tasks
-per node, and a PNG plot. Then it shuts everything down.
+journals; shares 2048, 1024, 1024, 512 and 512), submits a workload at ONE of them,
+and shows how the work spread over the cluster next to the share-weighted ideal: a
+table of tasks per node, a timeline of queued+running tasks per node, and a PNG plot.
+Then it shuts everything down.
+
+The workload is what people feed a fleet (issue 23): one array of a few hundred
+elements of mixed length (`--array 0-N`; the element's index picks its length), a
+task that fails on purpose, and tasks that depend on them (`--after`): a report that
+waits for the whole array to succeed, a cleanup that runs whatever the failing task
+did (`any:`), a retry that runs because it failed (`notok:`), and one that needs it to
+succeed and so fails with "dependency never satisfied" (`ok:`).
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import tempfile
 import time
@@ -20,6 +26,9 @@ from typing import Any
 
 from .client import Client
 from .localcluster import LocalAgent
+from .node.arrays import element_id
+
+FINAL = ("succeeded", "failed", "cancelled", "lost")
 
 DEMO_ARGS = [
     "--insecure",
@@ -36,23 +45,31 @@ DEMO_ARGS = [
 SHARES = [2048, 1024, 1024, 512, 512]
 
 
-def workload(n: int, rng: random.Random) -> list[tuple[str, list[str]]]:
-    """Mixed lengths: most tasks short, some medium, a few long; one fails on purpose."""
-    tasks: list[tuple[str, list[str]]] = []
-    for i in range(n):
-        r = rng.random()
-        if r < 0.6:
-            tasks.append((f"short-{i}", ["sleep", f"{rng.uniform(0.2, 0.8):.2f}"]))
-        elif r < 0.9:
-            tasks.append((f"medium-{i}", ["sleep", f"{rng.uniform(1.0, 2.5):.2f}"]))
-        else:
-            tasks.append((f"long-{i}", ["sleep", f"{rng.uniform(3.0, 6.0):.2f}"]))
-    tasks.append(("fails-on-purpose", ["sh", "-c", "echo oops >&2; exit 3"]))
-    return tasks
+# An element's length from its index (and the demo's seed): six in ten short
+# (0.2-0.8 s), three medium (1.0-2.5 s), one long (3-6 s).
+ELEMENT = (
+    "x=$(( ({index} * 7919 + {seed}) % 100 )); "
+    "if [ $x -lt 60 ]; then sleep 0.$(( x % 7 + 2 )); "
+    "elif [ $x -lt 90 ]; then sleep 1.$(( x % 9 + 1 )); "
+    "else sleep $(( x % 4 + 3 )); fi"
+)
+# name: (argv, --after clauses given the failing task's id F and the array's A);
+# the names that must end failed for the demo to pass are EXPECTED_FAILED
+DEPENDENTS: dict[str, tuple[list[str], str]] = {
+    "report": (["sh", "-c", "echo all elements done"], "ok:{A}"),
+    "cleanup": (["sh", "-c", "echo cleaning up"], "any:{F}"),
+    "retry-after-failure": (["sh", "-c", "echo retrying"], "notok:{F}"),
+    "needs-success": (["sh", "-c", "echo never runs"], "ok:{F}"),
+}
+EXPECTED_FAILED = {"fails-on-purpose", "needs-success"}
+
+
+def workload(n: int, seed: int) -> tuple[str, list[str]]:
+    """The array's `--array` text and its command (with `{index}`)."""
+    return f"0-{n - 1}", ["sh", "-c", ELEMENT.replace("{seed}", str(seed % 100))]
 
 
 def run(nodes: int, tasks: int, seed: int, out: Path | None, slots: int) -> int:
-    rng = random.Random(seed)
     shares = (SHARES * ((nodes // len(SHARES)) + 1))[:nodes]
     with tempfile.TemporaryDirectory(prefix="swarm-demo-") as d:
         root = Path(d)
@@ -80,7 +97,7 @@ def run(nodes: int, tasks: int, seed: int, out: Path | None, slots: int) -> int:
             agents.append(a.start())
         try:
             _wait_converged(first, nodes)
-            return _drive(agents, shares, workload(tasks, rng), out)
+            return _drive(agents, shares, workload(tasks, seed), out)
         finally:
             for a in agents:
                 a.stop()
@@ -113,17 +130,29 @@ def _nodes_table(nodes: list[dict[str, Any]]) -> str:
 
 
 def _drive(
-    agents: list[LocalAgent], shares: list[int], work: list[tuple[str, list[str]]], out: Path | None
+    agents: list[LocalAgent], shares: list[int], work: tuple[str, list[str]], out: Path | None
 ) -> int:
     entry = agents[0]
     names = [a.name for a in agents]
     t0 = time.time()
+    spec, argv = work
     with entry.client() as c:
-        ids = [c.submit(argv, name=name, cwd="/") for name, argv in work]
-    print(f"\nsubmitted {len(ids)} tasks at {entry.name} in {time.time() - t0:.2f}s; watching...")
+        aid = c.submit(argv, name="elements", cwd="/", array=spec)
+        fail = c.submit(["sh", "-c", "echo oops >&2; exit 3"], name="fails-on-purpose", cwd="/")
+        deps = {
+            name: c.submit(a, name=name, cwd="/", after=[after.format(A=aid, F=fail)])
+            for name, (a, after) in DEPENDENTS.items()
+        }
+    count = int(spec.split("-")[1]) + 1
+    ids = [element_id(aid, i) for i in range(count)]
+    others = {"fails-on-purpose": fail, **deps}
+    print(
+        f"\nsubmitted at {entry.name} in {time.time() - t0:.2f}s: array {aid} of {count} "
+        f"elements, {fail} (fails on purpose) and {len(deps)} tasks that depend on them "
+        "(--after); watching..."
+    )
     timeline: list[tuple[float, dict[str, int]]] = []
     clients = {a.name: Client(a.socket, timeout=30) for a in agents}
-    idset = set(ids)
     last_print = 0.0
     with entry.client() as c:
         while True:
@@ -137,13 +166,13 @@ def _drive(
                 last_print = now
                 bar = "  ".join(f"{n}:{per_node[n]:>3}" for n in names)
                 print(f"  t={now:5.1f}s  queued+running  {bar}")
-            done = [t for t in c.list(all=True, limit=100_000) if t["spec"]["id"] in idset]
-            if len(done) == len(ids) and all(
-                t["state"] in ("succeeded", "failed", "cancelled", "lost") for t in done
-            ):
+            ends = [c.status(t)["state"] for t in [aid, *others.values()]]
+            if all(st in FINAL for st in ends):
                 break
             time.sleep(0.5)
         final = [c.status(tid) for tid in ids]
+        array = c.status(aid)
+        after = {name: c.status(tid) for name, tid in others.items()}
         info = c.call("info")
     for cl in clients.values():
         cl.close()
@@ -164,7 +193,15 @@ def _drive(
             f"{work_by_node.get(name, 0.0):>9.1f} {total_work * sh / total_shares:>9.1f}"
         )
     states = Counter(t["state"] for t in final)
-    print("\nstates: " + ", ".join(f"{k}={v}" for k, v in sorted(states.items())))
+    print(f"\narray {aid}: {array['state']} ({array.get('reason') or ''})")
+    print("  elements: " + ", ".join(f"{k}={v}" for k, v in sorted(states.items())))
+    print("dependent tasks (--after), in the order they started:")
+    for name, t in sorted(after.items(), key=lambda kv: kv[1].get("started_at") or 1e18):
+        clause = t["spec"].get("after") or ["-"]
+        began = f"started t={float(t['started_at']) - t0:5.1f}s" if t.get("started_at") else ""
+        print(
+            f"  {name:<20} {' '.join(clause):<28} {t['state']:<9} {began} {t.get('reason') or ''}"
+        )
     coord = info.get("coordinator", {})
     print(
         f"placed by {entry.name}: {coord.get('placed_local', 0)} ran locally, "
@@ -172,13 +209,18 @@ def _drive(
         f"transfers pushed {coord.get('transfers_pushed', 0)}, "
         f"stolen {coord.get('transfers_stolen', 0)}"
     )
-    print(f"all {len(final)} tasks finished in {elapsed:.1f}s")
-    failed = [t for t in final if t["state"] != "succeeded"]
-    for t in failed:
-        print(f"  {t['spec']['id']} {t['spec']['name']}: {t['state']} ({t['reason']})")
+    print(f"all {len(final)} elements and {len(after)} other tasks finished in {elapsed:.1f}s")
+    for t in final:
+        if t["state"] != "succeeded":
+            print(f"  {t['spec']['id']}: {t['state']} ({t['reason']})")
     if out is not None:
-        _plot(timeline, names, shares, by_node, len(final), out)
-    return 0 if {t["spec"]["name"] for t in failed} == {"fails-on-purpose"} else 1
+        marks = [
+            (float(t["started_at"]) - t0, name) for name, t in after.items() if t.get("started_at")
+        ]
+        _plot(timeline, names, shares, by_node, len(final), out, marks)
+    failed = {name for name, t in after.items() if t["state"] != "succeeded"}
+    ok = array["state"] == "succeeded" and failed == EXPECTED_FAILED
+    return 0 if ok and all(t["state"] == "succeeded" for t in final) else 1
 
 
 def _plot(
@@ -188,6 +230,7 @@ def _plot(
     by_node: Counter[str],
     total: int,
     out: Path,
+    marks: list[tuple[float, str]],
 ) -> None:
     try:
         import matplotlib
@@ -201,7 +244,10 @@ def _plot(
     xs = [t for t, _ in timeline]
     for n, sh in zip(names, shares, strict=True):
         ax1.plot(xs, [row.get(n, 0) for _, row in timeline], label=f"{n} ({sh} shares)")
-    ax1.set_xlabel("seconds since submission")
+    for at, name in marks:  # the dependent tasks' starts
+        ax1.axvline(at, color="grey", linestyle=":", linewidth=1)
+        ax1.text(at, ax1.get_ylim()[1] * 0.95, f" {name}", rotation=90, va="top", fontsize=7)
+    ax1.set_xlabel("seconds since submission (dotted: --after tasks start)")
     ax1.set_ylabel("tasks queued + running")
     ax1.set_title("load per node over time")
     ax1.legend(fontsize=8)

@@ -11,8 +11,12 @@ with the call pickled by cloudpickle (as dask and loky do) in its environment; i
 result, or its exception with the remote traceback (in the exception's notes), comes
 back through the agent: the last line of the task's output, read with `swarm logs`.
 `map(fn, *iterables, chunksize=K)` becomes one array (`--array 0-N`), an element per
-chunk of K calls. `submit_command(argv)` runs a command; its future's result is the
-task's final record, and a command that did not succeed raises `CommandFailed`.
+chunk of K calls. A future of this Executor passed as an argument (`ex.submit(g,
+ex.submit(f, x))`) becomes a dependency: the task waits (`--after ok:`) for the
+future's task and reads its result where it runs; a future already resolved goes in
+as its value, and a parent that fails fails the child with a dependency failure.
+`submit_command(argv)` runs a command; its future's result is the task's final
+record, and a command that did not succeed raises `CommandFailed`.
 
 What the remote side needs: the same Python environment (the same `sys.executable`
 path, the modules the pickled call refers to, cloudpickle). A module it lacks is that
@@ -34,11 +38,12 @@ import pickle
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .client import Client, ClientError, RequestFailed
-from .pyrun import CALL_ENV, RESULT_MARK, encode
+from .pyrun import CALL_ENV, RESULT_MARK, FutureRef, encode
 
 MAX_CALL = 256 * 1024  # bytes of one pickled call (it travels in the task's environment)
 FINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
@@ -85,6 +90,8 @@ class Executor(cf.Executor):
         self._options = options
         self._lock = threading.Lock()
         self._watches: dict[str, _Watch] = {}
+        # each call's task, for futures passed as arguments (kept while the future is)
+        self._calls: weakref.WeakKeyDictionary[cf.Future[Any], str] = weakref.WeakKeyDictionary()
         self._client = Client(socket) if socket else Client()
         self._shut = False
         self._stop = threading.Event()
@@ -95,10 +102,30 @@ class Executor(cf.Executor):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
         self._open()
+        parents: list[str] = []
+        args = tuple(self._arg(a, parents) for a in args)
+        kwargs = {k: self._arg(v, parents) for k, v in kwargs.items()}
         payload = self._pack((fn, args, kwargs))
         name = getattr(fn, "__name__", "call")
-        tid = self._submit_task(payload, name=str(name)[:200])
+        after = {"after": ["ok:" + ",".join(dict.fromkeys(parents))]} if parents else {}
+        tid = self._submit_task(payload, name=str(name)[:200], **after)
         return self._register(tid, "call")
+
+    def _arg(self, value: Any, parents: list[str]) -> Any:
+        """An argument as it travels: a future of ours becomes its value when it has
+        one, else a reference to its task (a dependency)."""
+        if not isinstance(value, cf.Future):
+            return value
+        if value.done() and not value.cancelled() and value.exception() is None:
+            return value.result()
+        tid = self._calls.get(value)
+        if tid is None:
+            raise ValueError(
+                "swarm.Executor: a future passed as an argument must come from this "
+                "executor's submit or map"
+            )
+        parents.append(tid)
+        return FutureRef(tid)
 
     def submit_command(self, argv: Iterable[str], **options: Any) -> cf.Future[Any]:
         self._open()
@@ -183,6 +210,8 @@ class Executor(cf.Executor):
         f: cf.Future[Any] = cf.Future()
         with self._lock:
             self._watches[tid] = _Watch(f, kind)
+            if kind == "call":
+                self._calls[f] = tid
         return f
 
     # ------------------------------------------------------------------ watching

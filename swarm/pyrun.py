@@ -9,6 +9,10 @@ the Executor reads it back through the agent (`swarm logs`). The exit status is 
 a result, 1 for an exception, 2 when the call could not even be read (a module the
 remote Python lacks is reported as that exception, with its traceback).
 
+A future passed as an argument arrives as a `FutureRef`: the task was submitted with
+`--after ok:` its task, so that task has succeeded by now, and its result is read
+back here the same way, through the agent that runs this task ($SWARM_SOCKET).
+
 Nothing here is run by the agent itself: it is the user's own command, as the user.
 """
 
@@ -23,6 +27,46 @@ from typing import Any
 
 RESULT_MARK = "SWARM-PY-RESULT "
 CALL_ENV = "PYFLEET_CALL"
+
+
+class FutureRef:
+    """An argument that is the result of another Executor task (issue 23)."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+
+    def __repr__(self) -> str:
+        return f"FutureRef({self.task_id!r})"
+
+
+def decode_outcome(output: bytes) -> tuple[Any, ...] | None:
+    """The outcome a task printed (its last result line), or None when it printed none."""
+    mark = RESULT_MARK.encode()
+    for line in reversed(output.splitlines()):
+        if line.startswith(mark):
+            return tuple(pickle.loads(base64.b64decode(line[len(mark) :])))
+    return None
+
+
+def result_of(task_id: str) -> Any:
+    """A parent task's result (its exception raised here, with its own notes)."""
+    from .client import Client
+
+    with Client() as c:
+        out = b"".join(c.logs(task_id))
+    outcome = decode_outcome(out)
+    if outcome is None:
+        raise RuntimeError(f"task {task_id} printed no result")
+    if outcome[0] == "ok":
+        return outcome[1]
+    exc = outcome[1]
+    if isinstance(exc, BaseException):
+        raise exc
+    raise RuntimeError(f"task {task_id} failed: {outcome[2]}")
+
+
+def _resolve(value: Any) -> Any:
+    return result_of(value.task_id) if isinstance(value, FutureRef) else value
 
 
 def encode(obj: Any) -> str:
@@ -55,6 +99,8 @@ def main() -> int:
             value: Any = [fn(*args) for args in chunk]
         else:
             fn, args, kwargs = call
+            args = tuple(_resolve(a) for a in args)
+            kwargs = {k: _resolve(v) for k, v in kwargs.items()}
             value = fn(*args, **kwargs)
     except BaseException as e:  # the user's exception, whatever it is, goes back
         _emit(("err", e, traceback.format_exc()))
@@ -64,4 +110,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as swarm.pyrun, not __main__: a FutureRef in the call was pickled as
+    # swarm.pyrun.FutureRef, and isinstance must see that class
+    from swarm import pyrun
+
+    sys.exit(pyrun.main())

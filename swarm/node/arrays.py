@@ -113,6 +113,21 @@ class Arrays:
             out["pending"] = left
         return out
 
+    def array_explain(self, tid: m.TaskId) -> str | None:
+        """Where an array homed here stands (`swarm explain`)."""
+        a = self.arrays.get(tid)
+        if a is None:
+            return None
+        counts = self.array_counts(tid) or {}
+        by_state = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        cap = f"at most {a.spec.cap} at once" if a.spec.cap else f"a window of {WINDOW}"
+        text = f"array of {len(a.spec)} elements ({cap}): {by_state}"
+        if a.cancelled:
+            text += f"; cancelled ({a.cancelled}): no more are created"
+        elif not a.room() and a.next < len(a.spec):
+            text += f"; the next is created when one of the {len(a.live)} unfinished ends"
+        return text
+
     # ------------------------------------------------------------------ stimuli
 
     def array_submitted(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:

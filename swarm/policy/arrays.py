@@ -181,7 +181,7 @@ def element_argv(argv: Sequence[str], index: int) -> tuple[str, ...]:
     def sub(m: re.Match[str]) -> str:
         return "{index}" if m.group(0) == "{{index}}" else str(index)
 
-    return tuple(_INDEX.sub(sub, a) for a in argv)
+    return tuple(_INDEX.sub(sub, a) if "{" in a else a for a in argv)
 
 
 def element_env(array_id: str, index: int) -> dict[str, str]:

@@ -44,6 +44,7 @@ from .failoverio import FailoverIO
 from .fencingio import FencingIO
 from .gangio import GangIO
 from .globaltasks import GlobalTaskIO
+from .groupio import GroupIO
 from .handoffbatch import HandoffOutbox, serve_batch
 from .journal import Journal
 from .peerreads import PeerReads
@@ -59,7 +60,7 @@ TOMB_TTL = recovery.TOMB_TTL
 USAGE_KEY = recovery.USAGE_KEY
 
 
-class Driver(Effects, FailoverIO, FencingIO, GangIO):
+class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
     def __init__(
         self,
         *,

@@ -67,8 +67,10 @@ class ExplainOps:
             out.append({"at": self.clock.wall(), "outcome": "queued here, not started: " + blocked})
         out += self.queue_ops.explain(tid)
         st = self.coord.state
-        why = st.gang_explain(tid) or (
-            f"--after: {st.deps_why[tid]}" if tid in st.deps_why else None
+        why = (
+            st.gang_explain(tid)
+            or st.array_explain(tid)
+            or (f"--after: {st.deps_why[tid]}" if tid in st.deps_why else None)
         )
         if why is not None:
             out.append({"at": self.clock.wall(), "outcome": why})

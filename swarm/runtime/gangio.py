@@ -1,7 +1,6 @@
 """Gangs over the wire and into processes (issue 22): op `gang`, the rendezvous port,
-the members' run lease; and the stimuli of arrays (issue 23). A part of the Driver
-(driver.py); node/gangs.py and node/arrays.py have the rules, cluster/gang*.py the
-protocol.
+the members' run lease. A part of the Driver (driver.py); node/gangs.py has the rules,
+cluster/gang*.py the protocol.
 
 Every protocol message travels as one authenticated peer request (`op: gang`) whose
 answer carries nothing: the protocol answers with messages of its own, and a request
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -47,7 +45,6 @@ class GangIO:
     rpc_timeout: float
     table: TaskTable
     io_counters: dict[str, int]
-    parent_reader: Callable[[list[m.TaskId]], Awaitable[dict[m.TaskId, str]]] | None
 
     if TYPE_CHECKING:  # provided by Driver and Effects
 
@@ -75,55 +72,6 @@ class GangIO:
     def gang_submitted(self, tid: m.TaskId) -> None:
         now, wall = self._time()
         self.run_inline(self.state.handle(ev.GangSubmitted(now, wall, self._next_id(), tid)))
-
-    def array_submitted(self, tid: m.TaskId) -> None:
-        """An array's record was written here: its elements come (node/arrays.py)."""
-        now, wall = self._time()
-        self.run_inline(self.state.handle(ev.ArraySubmitted(now, wall, self._next_id(), tid)))
-
-    def array_cancel(self, tid: m.TaskId, why: str) -> list[m.TaskId]:
-        """Stop an array's elements from being created; its unfinished ones to cancel."""
-        _, wall = self._time()
-        ids, instrs = self.state.array_cancel(tid, why, wall)
-        self.run_inline(instrs)
-        return ids
-
-    def resume_group(self, t: m.Task, mine: bool) -> bool:
-        """At start-up: a task waiting for parents is judged again, a gang's coordinator
-        resumes after its last round, an array goes on from its progress, a member never
-        started fails (a member starts with its gang or not at all). False: none."""
-        S = m.TaskState
-        if mine and t.spec.after and t.state is S.QUEUED and t.id not in self.state.ledger:
-            self.deps_submitted(t.id)
-        elif mine and t.spec.gang is not None:
-            self.gang_submitted(t.id)
-        elif mine and t.spec.array:
-            self.array_submitted(t.id)
-        elif t.spec.member is not None and t.state is S.QUEUED:
-            self.table.change(t.id, S.FAILED, "not started: its agent restarted")
-        else:
-            return False
-        return True
-
-    def deps_submitted(self, tid: m.TaskId) -> None:
-        """A task with `--after` was written here: it waits (node/depends.py)."""
-        now, wall = self._time()
-        self.run_inline(self.state.handle(ev.DepsSubmitted(now, wall, self._next_id(), tid)))
-
-    async def deps_loop(self) -> None:
-        """Every second while tasks wait for parents homed elsewhere: read those
-        parents' records (`parent_reader`, set by the local API) and tell the state."""
-        while True:
-            await trio.sleep(1.0)
-            reader = self.parent_reader
-            ids = self.state.deps_remote() if self.state.deps else []
-            if not ids or reader is None:
-                continue
-            states = await reader(ids)
-            if states:
-                now, wall = self._time()
-                s = ev.ParentsSeen(now, wall, self._next_id(), states)
-                self.run_inline(self.state.handle(s))
 
     def gang_cancel(self, tid: m.TaskId, why: str) -> None:
         now, wall = self._time()

@@ -80,6 +80,38 @@ def test_submit_map_exceptions_and_shutdown(make_agent: AgentFactory, short_tmp:
         ex.submit(square, 1)
 
 
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+def test_futures_passed_as_arguments_become_dependencies(
+    make_agent: AgentFactory, short_tmp: Path
+) -> None:
+    """A future of the Executor as an argument: the task waits for its parent's task
+    (--after ok:) and reads the parent's result where it runs, on either node; a
+    failed parent fails the child with a dependency failure."""
+    from swarm import Executor
+    from swarm.client import Client
+
+    a, _b = _two(make_agent)
+    with Executor(str(a.socket)) as ex:
+        slow = ex.submit(nap, 2.0)
+        x = ex.submit(square, 5)
+        total = ex.submit(add, x, y=ex.submit(square, 6))  # 25 + 36
+        both = ex.submit(lambda n, m: f"{n}+{m}", slow, total)
+        assert total.result(timeout=60) == 61
+        assert both.result(timeout=60).endswith("+61")
+        with Client(str(a.socket)) as c:  # it waited for its parents
+            tasks = {t["spec"]["name"]: t for t in c.list(all=True)}
+        assert tasks["add"]["spec"]["after"] and tasks["<lambda>"]["spec"]["after"]
+        # a parent already done goes in as its value: no dependency
+        assert ex.submit(add, x, 1).result(timeout=60) == 26
+        # a failed parent fails the child
+        child = ex.submit(add, ex.submit(boom, 1), 1)
+        with pytest.raises(Exception, match=r"dependency|parent|boom|failed"):
+            child.result(timeout=60)
+
+
 def test_cancel_before_start_not_once_running_and_shutdown_cancel_futures(
     make_agent: AgentFactory, short_tmp: Path
 ) -> None:

@@ -146,3 +146,15 @@ def test_bad_arrays_name_the_field(fields: dict[str, Any], why: str) -> None:
     f = wire.Fields({"argv": ["x"], **fields}, "submit")
     with pytest.raises(wire.WireError, match=why):
         submit_spec(f, uid=0, user="root", home="A", now=0.0)
+
+
+def test_explain_says_where_an_array_stands() -> None:
+    n = ArrayNode()
+    spec = n.submit_array("0-9%3")
+    why = n.state.array_explain(spec.id)
+    assert why is not None and why.startswith("array of 10 elements (at most 3 at once): ")
+    assert "3 queued" in why and "7 pending" in why
+    assert "the next is created when one of the 3 unfinished ends" in why
+    n.state.array_cancel(spec.id, "cancelled by uid 0", 1001.0)
+    assert "no more are created" in (n.state.array_explain(spec.id) or "")
+    assert n.state.array_explain("nope") is None
