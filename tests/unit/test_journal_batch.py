@@ -93,7 +93,8 @@ async def test_enqueue_shares_an_entry_but_never_overtakes_a_commit(tmp_path: An
         j.enqueue([jdb.PutKV("k", 1)])  # shares the first entry
         async with trio.open_nursery() as nursery:
             nursery.start_soon(j.commit, [jdb.PutTask(_task("a", S.RUNNING, 2.0))])
-            await trio.sleep(0)
+            while j._send.statistics().current_buffer_used < 2:  # the commit is queued
+                await trio.sleep(0)
             j.enqueue([jdb.PutTask(_task("a", S.SUCCEEDED, 3.0))])
             await nursery.start(j.run)
             while j.ops_written < 4:
@@ -105,3 +106,21 @@ async def test_enqueue_shares_an_entry_but_never_overtakes_a_commit(tmp_path: An
         assert jdb.decode_task(row[0]).state is S.SUCCEEDED
     finally:
         j.close()
+
+
+def test_a_batch_reply_with_a_newer_epoch_is_kept() -> None:
+    """A home that fenced its holder answers the holder's query with the new epoch: the
+    holder must get that answer (dropping it left a task MOVING for good); an entry for
+    another task, or a malformed one, is no answer for that request alone."""
+    from swarm.cluster import handoff as h
+    from swarm.runtime import handoffbatch as hb
+
+    reqs = [h.Query("t1", 1, 3, True), h.Commit("t2", 5), h.Commit("t3", 2)]
+    raw = [
+        h.reply_to_wire(h.Reply("t1", 2, True, h.Verdict.YOURS, "move not carried out")),
+        h.reply_to_wire(h.Reply("t9", 5, True)),
+        {"task_id": "t3"},
+    ]
+    got = hb.replies_from_wire(raw, reqs)
+    assert got[0] is not None and got[0].epoch == 2 and got[0].verdict is h.Verdict.YOURS
+    assert got[1] is None and got[2] is None
