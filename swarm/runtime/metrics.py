@@ -128,10 +128,17 @@ class AgentCollector:
         failed.add_metric(["refused"], c.get("offers_refused", 0))
         failed.add_metric(["unreachable"], c.get("offers_failed", 0))
         yield failed
-        yield counter("swarm_handoff_rpcs", "handoff messages sent", c.get("handoff_rpcs", 0))
+        yield counter(
+            "swarm_handoff_rpcs", "handoff messages (batches) sent", c.get("handoff_rpcs", 0)
+        )
+        yield counter(
+            "swarm_handoff_requests",
+            "handoff requests sent, in those batches",
+            c.get("handoff_batched", 0),
+        )
         yield counter(
             "swarm_handoff_rpc_failures",
-            "handoff messages without an answer (each is retried)",
+            "handoff messages without an answer (each request in them is retried)",
             c.get("handoff_rpc_failures", 0),
         )
         transfers = counter("swarm_transfers", "queued tasks moved, by kind", labels=["kind"])
