@@ -66,6 +66,7 @@ def test_metrics_endpoint_is_scraped_and_parsed(make_agent: AgentFactory) -> Non
         "swarm_placements",
         "swarm_handoff_offers_failed",
         "swarm_handoff_rpc_failures",
+        "swarm_handoff_requests",
         "swarm_transfers",
         "swarm_gossip_messages",
         "swarm_gossip_bytes",
