@@ -59,7 +59,8 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -388,12 +389,20 @@ class Journal:
     async def _write_chunked(self, ops: list[Op]) -> None:
         """One transaction of `ops` on the loop, a chunk at a time (only this writer
         uses the write connection, so other tasks may run in between)."""
-        c = self._wconn
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as c:
             for i in range(0, len(ops), WRITE_CHUNK):
                 apply_ops(c, ops[i : i + WRITE_CHUNK], self.node)
                 await trio.lowlevel.cancel_shielded_checkpoint()
+            if not ops:
+                _probe(c)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE on the write connection; COMMIT, or ROLLBACK on any error."""
+        c = self._wconn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            yield c
             c.execute("COMMIT")
         except BaseException:
             try:
@@ -449,24 +458,10 @@ class Journal:
 
     def _write_sync(self, ops: list[Op]) -> None:
         """One transaction of `ops`; none: a probe (one tiny row) of a wedged journal."""
-        c = self._wconn
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as c:
             apply_ops(c, ops, self.node)
             if not ops:
-                # any changing value does; this may run in a worker thread, where
-                # trio's clock (the agent's Clock) cannot be read: the system clock
-                c.execute(
-                    "INSERT OR REPLACE INTO meta(key, value) VALUES('probe', ?)",
-                    (repr(time.time()),),
-                )
-            c.execute("COMMIT")
-        except BaseException:
-            try:
-                c.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
+                _probe(c)
 
     # --------------------------------------------------------------- reading
 
@@ -526,3 +521,9 @@ class Journal:
         if self._wal_fd is not None:
             os.close(self._wal_fd)
             self._wal_fd = None
+
+
+def _probe(c: sqlite3.Connection) -> None:
+    """The write of a probe of a wedged journal: any changing value does. The system
+    clock, as trio's clock (the agent's Clock) cannot be read from a worker thread."""
+    c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('probe', ?)", (repr(time.time()),))

@@ -124,3 +124,18 @@ def test_a_batch_reply_with_a_newer_epoch_is_kept() -> None:
     got = hb.replies_from_wire(raw, reqs)
     assert got[0] is not None and got[0].epoch == 2 and got[0].verdict is h.Verdict.YOURS
     assert got[1] is None and got[2] is None
+
+
+def test_a_probe_written_under_load_writes_its_row(tmp_path: Any) -> None:
+    """A probe of a wedged journal (no ops) writes one row on either path, so a
+    probe that lands means the disk takes writes again (an empty transaction would
+    prove nothing)."""
+    j = jr.Journal(tmp_path / "journal.db", node="n1")
+    try:
+        trio.run(j._write_chunked, [])
+        c = sqlite3.connect(j.path)
+        row = c.execute("SELECT value FROM meta WHERE key='probe'").fetchone()
+        c.close()
+        assert row is not None
+    finally:
+        j.close()
