@@ -328,6 +328,9 @@ class HomeEntry:
     commit_unacked: bool = False
     cancel_unacked: bool = False
     revokes: dict[NodeId, int] = attrs.field(factory=dict)
+    # the journaled fields as the journal last got them (node/recovery.py): a retry
+    # changes only the timers above, and need not rewrite the entry
+    journaled: tuple[Any, ...] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 class HomeSide:

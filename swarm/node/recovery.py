@@ -49,21 +49,17 @@ class Handoffs:
         self.guest = h.GuestSide(node)
         self.tomb_at: dict[m.TaskId, float] = {}
         self.guest_keys: set[m.TaskId] = set()
-        # what each home entry's journal key last got: a retry changes only the
-        # entry's timers (not journaled), and a burst of placements retried thousands
-        # of offers at once, each rewriting its unchanged entry
-        self.home_written: dict[m.TaskId, tuple[Any, ...]] = {}
 
     def persist_ops(self, task_ids: Iterable[m.TaskId], wall: float) -> list[ev.Put | ev.Delete]:
         ops: list[ev.Put | ev.Delete] = []
         for tid in set(task_ids):
             he = self.home.entries.get(tid)
-            if he is None:
-                self.home_written.pop(tid, None)
-            else:
-                key = _home_key(he)
-                if self.home_written.get(tid) != key:
-                    self.home_written[tid] = key
+            if he is not None:
+                # an unchanged entry is not rewritten: a burst of placements retried
+                # thousands of offers at once, each changing only its timers
+                fields = _journaled_fields(he)
+                if he.journaled != fields:
+                    he.journaled = fields
                     ops.append(ev.Put(HOME + tid, h.home_entry_to_wire(he)))
             ge = self.guest.entries.get(tid)
             if ge is not None:
@@ -159,10 +155,10 @@ def interrupted_offers(active: Mapping[m.TaskId, m.Task], handoffs: Handoffs) ->
     return out
 
 
-def _home_key(he: h.HomeEntry) -> tuple[Any, ...]:
-    """Every journaled field of a home entry (the spec by identity: it is immutable)."""
+def _journaled_fields(he: h.HomeEntry) -> tuple[Any, ...]:
+    """The fields of a home entry that its journal key holds, but its spec (which an
+    entry never changes)."""
     return (
-        _Same(he.spec),
         he.epoch,
         he.next_epoch,
         he.where,
@@ -174,18 +170,3 @@ def _home_key(he: h.HomeEntry) -> tuple[Any, ...]:
         he.cancel_unacked,
         tuple(sorted(he.revokes.items())),
     )
-
-
-class _Same:
-    """Compares equal only to itself's object: identity, not value."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: object) -> None:
-        self.obj = obj
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.obj is self.obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)

@@ -97,22 +97,17 @@ class Effects:
         woken: list[m.TaskId] = []
         rest: list[ev.Instruction] = []
         for i in instrs:
+            written = _ops_of(i, self.node)
+            if written is None:
+                rest.append(i)
+                continue
+            ops += written
             if isinstance(i, ev.Record):
                 self.table.noted(i.task)
-                ops.append(PutTask(i.task))
                 woken.append(i.task.id)
-                durable = durable or i.durable
-            elif isinstance(i, ev.Persist):
-                ops += _kv_ops(i.ops)
-                durable = durable or i.durable
-            elif isinstance(i, ev.Explain):
-                rec = i.record
-                ops.append(JEvent(rec["at"], "decision", i.task_id, self.node, rec))
             elif isinstance(i, ev.Forget):
-                ops.append(DelTask(i.task_id))
                 woken.append(i.task_id)
-            else:
-                rest.append(i)
+            durable = durable or (isinstance(i, (ev.Record, ev.Persist)) and i.durable)
         if durable:
             await self.journal.commit(ops, must_land=True)
         elif ops:
@@ -141,8 +136,8 @@ class Effects:
             self.table.noted(i.task)
             self.journal.enqueue([PutTask(i.task)])
             self.table.wake(i.task.id)
-        elif isinstance(i, ev.Persist):
-            self.journal.enqueue(_kv_ops(i.ops))
+        elif isinstance(i, (ev.Persist, ev.Explain)):
+            self.journal.enqueue(_ops_of(i, self.node) or [])
         elif isinstance(i, ev.Enqueue):
             if i.front:
                 self.runner.requeue_front(i.task_id)
@@ -166,9 +161,6 @@ class Effects:
                 return
             self._inflight.add(key)
             self.outbox.put(i.send)
-        elif isinstance(i, ev.Explain):
-            rec = i.record
-            self.journal.enqueue([JEvent(rec["at"], "decision", i.task_id, self.node, rec)])
         elif isinstance(i, ev.LoadChanged):
             self.load_changed()
         elif isinstance(i, ev.Place):
@@ -234,6 +226,19 @@ class Effects:
     def _spawn(self, fn: Any, *args: Any) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(fn, *args)
+
+
+def _ops_of(i: ev.Instruction, node: m.NodeId) -> list[Any] | None:
+    """The journal writes an instruction is made of (None: it writes nothing)."""
+    if isinstance(i, ev.Record):
+        return [PutTask(i.task)]
+    if isinstance(i, ev.Persist):
+        return list(_kv_ops(i.ops))
+    if isinstance(i, ev.Explain):
+        return [JEvent(i.record["at"], "decision", i.task_id, node, i.record)]
+    if isinstance(i, ev.Forget):
+        return [DelTask(i.task_id)]
+    return None
 
 
 def _kv_ops(ops: tuple[ev.Put | ev.Delete, ...]) -> list[PutKV | DelKV]:
