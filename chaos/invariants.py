@@ -90,6 +90,11 @@ ARRAY_WHOLE = "every-array-element-once"
 # after each parent's record ended, and only if the condition held
 DEP_ORDER = "no-child-before-its-parents"
 
+# issue 24, in the late-binding scenario: a task its home held (late binding) runs on
+# one node, once: never at its home and at a puller both, nor at two pullers; a re-run
+# only after a kill or cut involving its nodes, as for any task
+LATE_ONCE = "late-held-task-ran-once"
+
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
 TERMINAL = frozenset(s.value for s in m.TERMINAL_STATES)
@@ -1488,3 +1493,27 @@ def check_dependencies(
                     detail = f"{a.id} ran --after notok:{p.task_id}, which succeeded"
                     out.append(Violation(DEP_ORDER, a.home, detail))
     return out, figs
+
+
+def check_late_binding(
+    executions: Mapping[str, Sequence[Execution]],
+    journals: Mapping[str, JournalData],
+    homes: Mapping[str, str],
+    faults: Sequence[FaultWindow],
+) -> tuple[list[Violation], dict[str, int]]:
+    """Issue 24: every task a home held for late binding (its journaled decision says
+    so) ran once, or again only where a kill or cut explains it. Figures: held, ran at
+    the home, pulled by a peer, re-runs explained, never ran (cancelled or lost)."""
+    held = {t for j in journals.values() for t in j.late_held}
+    runs = {t: executions[t] for t in held if t in executions}
+    out, why = check_reruns(runs, journals, homes, faults)
+    out = [Violation(LATE_ONCE, v.node, v.detail) for v in out]
+    at_home = sum(1 for t, rs in runs.items() if rs and rs[0].node == homes.get(t))
+    figures = {
+        "held": len(held),
+        "at_home": at_home,
+        "pulled": len(runs) - at_home,
+        "reruns_explained": sum(why.values()),
+        "never_ran": len(held) - len(runs),
+    }
+    return out, figures

@@ -68,6 +68,7 @@ class JournalData:
     bad_records: int = 0  # rows whose record did not decode
     scale: tuple[ScaleEvent, ...] = ()  # elastic pools' journaled actions
     replicated: frozenset[str] = frozenset()  # tasks of this home with copies (repls:)
+    late_held: frozenset[str] = frozenset()  # tasks this home held for late binding
 
     def events_of(self, task_id: str) -> list[TransitionEvent]:
         return [e for e in self.transitions if e.task_id == task_id]
@@ -94,6 +95,7 @@ def read_journal(node: str, path: Path) -> JournalData:
         transitions: list[TransitionEvent] = []
         shares: list[SharesEvent] = []
         scale: list[ScaleEvent] = []
+        late: set[str] = set()
         rows = conn.execute("SELECT seq, at, kind, task_id, node, data FROM events ORDER BY seq")
         for seq, at, kind, task_id, ev_node, data in rows:
             d = _json(data)
@@ -114,6 +116,9 @@ def read_journal(node: str, path: Path) -> JournalData:
                     shares.append(SharesEvent(int(seq), float(at), int(d["old"]), int(d["new"])))
                 except (KeyError, TypeError, ValueError):
                     bad += 1
+            elif kind == "decision" and isinstance(d, dict):
+                if "(late binding)" in str(d.get("outcome", "")):
+                    late.add(str(task_id))
             elif kind == "scale" and isinstance(d, dict):
                 try:
                     scale.append(_scale_event(int(seq), float(at), str(ev_node or ""), d))
@@ -134,6 +139,7 @@ def read_journal(node: str, path: Path) -> JournalData:
         bad_records=bad,
         scale=tuple(scale),
         replicated=replicated,
+        late_held=frozenset(late),
     )
 
 

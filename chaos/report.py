@@ -18,6 +18,7 @@ from .invariants import (
     EVERY_RUN,
     GANG_PARTIAL,
     GANG_WHOLE,
+    LATE_ONCE,
     PRIORITY,
     RESTART_RERUN,
     SCALE,
@@ -70,7 +71,7 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
         f"priority scenario; `{CONSTRAINT}` in the labelled one; {scale} in the elastic "
         f"one; `{ADOPTED}` where a node is lost for good (home-loss); `{GANG_PARTIAL}` and "
         f"`{GANG_WHOLE}` in the gang scenario; `{ARRAY_WHOLE}` and `{DEP_ORDER}` in the "
-        "arrays scenario; "
+        f"arrays scenario; `{LATE_ONCE}` in the late-binding one; "
         + ", ".join(f"`{x}`" for x in EVERY_RUN)
         + f" in every scenario; `{RESTART_RERUN}` where restarts are the only fault.",
         "",

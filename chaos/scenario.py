@@ -176,6 +176,8 @@ class Runner:
             args += ["--home-grace", str(sc.home_grace)]
         if sc.keep_tasks is not None:
             args += ["--keep-tasks", sc.keep_tasks]
+        if sc.late_binding:
+            args += ["--late-binding", str(sc.late_binding)]
         if sc.profile is not None:  # after the base flags: it overrides `local`
             args += ["--profile", sc.profile]
         if self.elastic is not None:
@@ -468,6 +470,8 @@ class Runner:
             violations += self._gang_checks(journals, acked)
         if self.sc.groups:
             violations += self._group_checks(journals, acked)
+        if self.sc.late_binding:
+            violations += self._late_checks(cl, journals, specs)
         # a task a lost home accepted with fewer copies than wanted (no replica
         # answered in time: `replica.short` in its log) may be known to no survivor
         short = {
@@ -606,6 +610,21 @@ class Runner:
             "never started (a condition that could not hold, or not yet)"
         )
         return out + more
+
+    def _late_checks(
+        self, cl: ChaosCluster, journals: Mapping[str, JournalData], specs: Mapping[str, Any]
+    ) -> list[inv.Violation]:
+        """Issue 24: a task held for late binding ran on one node, once."""
+        acked = {a.id for a in self.wl.acked}
+        execs = {t: rs for t, rs in read_executions(self.root / "marks").items() if t in acked}
+        homes = {t: str(specs[t].home) for t in execs if t in specs}
+        out, f = inv.check_late_binding(execs, journals, homes, self._fault_windows(cl))
+        self.result.notes.append(
+            f"late binding: {f['held']} tasks held at their homes; {f['pulled']} pulled by a "
+            f"peer, {f['at_home']} ran at home, {f['never_ran']} never ran (cancelled or "
+            f"lost); {f['reruns_explained']} re-runs, each after a kill or cut"
+        )
+        return out
 
     def _fault_windows(self, cl: ChaosCluster) -> list[inv.FaultWindow]:
         names = frozenset(a.name for a in cl.agents)

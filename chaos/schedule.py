@@ -52,6 +52,7 @@ class Scenario:
     warmup: float = 4.0  # seconds of workload before the first fault of lane 1
     gangs: int = 0  # issue 22: this many gangs of 3 (2 in 3 strict), spread over the run
     groups: int = 0  # issue 23: this many arrays, each followed by dependent tasks
+    late_binding: int = 0  # issue 24: agents' --late-binding (0: off)
     description: str = ""
 
 

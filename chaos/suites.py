@@ -135,6 +135,12 @@ FULL: tuple[Scenario, ...] = (
           groups=6, settle=150.0,
           description="arrays and --after chains among the workload under kills, "
           "splits and freezes: every element once, no child before its parents"),
+    # issue 24, appended: late binding on every agent (2 reservations a held task);
+    # bursts at one node fill its slots so that tasks are held and pulled
+    _full("late-binding", late_binding=2, slots=2, bursts=8, task_seconds=(0.5, 2.0),
+          faults=("kill", "pause"), faults2=("isolate", "split"), hold=(3.0, 8.0),
+          description="late binding: busy homes hold tasks, peers with room pull them, "
+          "under kills, freezes and cuts: a held task runs on one node, once"),
 )  # fmt: skip
 
 SMOKE: tuple[Scenario, ...] = (

@@ -119,6 +119,7 @@ class Config:
     faults: str | None
     metrics: str | None
     placement_d: int
+    late_binding: int
     allow_root_tasks: bool
     isolation: str
     log_format: str

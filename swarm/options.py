@@ -146,6 +146,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics", "str", None, "serve Prometheus metrics on ADDR:PORT"),
     Option("placement-d", "int", 2, "peers sampled per placement (power of d choices)", _positive),
     Option(
+        "late-binding",
+        "int",
+        0,
+        "late binding: a task that finds no room at its home waits there while this many"
+        " peers hold a reservation; the first with room pulls it (0 = off)",
+        _non_negative,
+    ),
+    Option(
         "placement",
         "str",
         "two-choice",

@@ -39,6 +39,8 @@ class Profile:
     rpc_timeout: float  # the coordinator's peer requests
     transfer: TransferConfig
     migration: MigrationTimings
+    late_hold: float  # late binding: a held task nobody pulled joins the home's queue
+    late_stage: float  # ... and peers that did not look free are reserved this much later
 
 
 PROFILES: dict[str, Profile] = {
@@ -50,6 +52,8 @@ PROFILES: dict[str, Profile] = {
         snapshot_interval=30.0,
         rpc_timeout=5.0,
         transfer=TransferConfig(task_cooldown=10.0),
+        late_hold=30.0,
+        late_stage=0.05,
         migration=MigrationTimings(
             cooldown=600.0,
             rate=1.0 / 60,
@@ -71,6 +75,8 @@ PROFILES: dict[str, Profile] = {
         transfer=TransferConfig(
             round_interval=0.5, probe_timeout=0.3, task_cooldown=1.0, switch_cooldown=2.0
         ),
+        late_hold=5.0,
+        late_stage=0.02,
         migration=MigrationTimings(
             cooldown=5.0,
             rate=1.0,

@@ -246,6 +246,15 @@ class StartNow:
 
 
 @attrs.frozen
+class SendLate:
+    """Late binding's reservations and cancels to peers (policy/latebind.py; op
+    `late`), sent without waiting: a lost one costs a pull answered "gone" or a task
+    that waits at its home until its hold ends."""
+
+    msgs: tuple[Any, ...]  # latebind.Reserve | latebind.Cancel
+
+
+@attrs.frozen
 class Later:
     """Carry these out in a task of their own (the caller must not wait on them)."""
 
@@ -282,6 +291,7 @@ Instruction = (
     | RenewLease
     | SendGang
     | StartNow
+    | SendLate
     | Later
 )
 

@@ -20,6 +20,7 @@ from .. import model as m
 from ..cluster import handoff as h
 from ..policy import constraints as cons
 from ..policy import gpu as gpupol
+from ..policy import latebind as lb
 from ..policy import placement as pl
 from ..policy import shares as sh
 from ..policy.view import LoadView, charged
@@ -60,6 +61,7 @@ class Placing:
     handoffs: Any
     report_max_age: float | None
     data_delay: float
+    late: lb.LateBinding | None
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -191,6 +193,9 @@ class Placing:
         first: pl.Placement | None = None
         t = self.records.active.get(tid)
         if t is not None and self.placeable(t) and self.fence_hold(t, now) is None:
+            held = self._late_hold(t, now, wall)
+            if held:
+                return held
             first = self.choose(t.spec, now, wall)
             if first.target == self.node and not t.spec.data:
                 adm = self.admit_here(t.spec)
@@ -203,6 +208,38 @@ class Placing:
         self.jobs.setdefault(tid, Job(first=first))
         later = self.step(tid, now, wall)
         return [ev.Later(tuple(later))] if later else []
+
+    def _late_hold(self, t: m.Task, now: float, wall: float) -> list[ev.Instruction]:
+        """Late binding (policy/latebind.py): no room here now, so the task waits in
+        this node's queue while the d least loaded of a sample of peers hold a
+        reservation for it; the first of them with room pulls it (runtime/latebindio.py),
+        or it starts here when a slot frees first. [] means: place it as usual (late
+        binding off, room here, a task placed by its data, spread or GPU, or no peer)."""
+        spec = t.spec
+        if (
+            self.late is None
+            or spec.data
+            or spec.gpu is not None
+            or (spec.job and (spec.spread or spec.anti_affinity))
+            or not self.admit_here(spec).ok
+        ):
+            return []
+        local = self.local_report(wall)
+        msgs = self.late.hold(now, t.id, pl.Needs.of(spec), local, self.view, self.rng)
+        if not msgs:
+            return []
+        self.counters["placements"] += 1
+        self.counters["late_held"] = self.counters.get("late_held", 0) + 1
+        peers = ", ".join(sorted(x.peer for x in msgs if isinstance(x, lb.Reserve)))
+        rec = {
+            "outcome": f"held here (late binding): no room now; reserved on {peers}:"
+            " the first with room pulls it, or it starts here when a slot frees"
+        }
+        return [
+            self.explain(t.id, rec, wall),
+            *self.enqueue_local(t, now),
+            ev.SendLate(tuple(msgs)),
+        ]
 
     def step(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
         """Carry a placement job on as far as it goes now."""

@@ -30,6 +30,7 @@ from ..policy import gpu as gpupol
 from ..policy import load as loadpol
 from ..policy import placement as pl
 from ..policy import shares as sh
+from ..policy.latebind import LateBinding, LateConfig
 from ..policy.sharing import Sharing
 from ..policy.view import LoadView
 from . import events as ev
@@ -79,6 +80,7 @@ class Settings:
     gang_timers: gangp.Timers = attrs.field(
         factory=gangp.Timers
     )  # issue 22: holds, run leases (gangs.py)
+    late: LateConfig | None = None  # issue 24: late binding (None: off; placing.py)
 
 
 class NodeState(
@@ -140,6 +142,7 @@ class NodeState(
         self.breaks = settings.breaks
         self.rng = rng if rng is not None else random.Random()
         self.d = settings.placement_d
+        self.late = LateBinding(node, settings.late) if settings.late is not None else None
         self.placement_rule = settings.placement_rule
         self.slots = settings.slots
         self.report_max_age = settings.report_max_age
@@ -290,6 +293,11 @@ class NodeState(
                 out.append(ev.log("warning", "ledger.start", task=task.id, error=str(e)))
         self.arrived.pop(task.id, None)
         out.append(ev.MoveHook("started", task.id, task))
+        if self.late is not None:
+            self.late.arrived(task.id)  # a task this node pulled has come
+            cancels = self.late.forget(task.id)  # one held here starts here
+            if cancels:
+                out.append(ev.SendLate(tuple(cancels)))
         if task.spec.home != self.node and not task.spec.is_global:
             # The "running" report waits for the first retry tick (~0.5 s): a short task's
             # final report makes it unnecessary, which saves an RPC per short task.

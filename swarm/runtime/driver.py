@@ -47,6 +47,7 @@ from .globaltasks import GlobalTaskIO
 from .groupio import GroupIO
 from .handoffbatch import HandoffOutbox, serve_batch
 from .journal import Journal
+from .latebindio import LateIO
 from .peerreads import PeerReads
 from .peers import ClusterNode
 from .runner import LocalRunner
@@ -119,6 +120,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
         # the migration side and the driver call each other: the driver builds it
         self.migrator: MoveHooks | None = moves(self) if moves is not None else None
         self.transfers = TransferIO(self, transfer_config)
+        self.late_io = LateIO(self)
         self.outbox = HandoffOutbox(self)  # handoff requests, batched per peer
         self.globals_io = GlobalTaskIO(self)
         self.reads = PeerReads(table, runner, self.copy_of)
@@ -283,6 +285,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
         report = self.local_report()
         if self._last_published is None or changed_meaningfully(self._last_published, report):
             self.publish_load(report)
+        self.late_io.room()
         # else: the membership core re-gossips the last report on its own refresh timer
 
     def publish_load(self, report: m.LoadReport | None = None) -> None:
@@ -405,6 +408,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
             self.state.note_state(task.id, False)
         now, wall = self._time()
         self.run_inline(self.state.handle(ev.TaskEnded(now, wall, self._next_id(), task)))
+        self.late_io.room()
 
     # ------------------------------------------------------------ membership
 

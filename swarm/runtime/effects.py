@@ -21,6 +21,7 @@ from ..node import events as ev
 from .globaltasks import GlobalTaskIO
 from .journal import DelKV, DelTask, Journal, PutKV, PutTask
 from .journal import Event as JEvent
+from .latebindio import LateIO
 from .runner import LocalRunner
 from .tasks import TaskTable
 from .transfers import TransferIO
@@ -55,6 +56,7 @@ class Effects:
     _wake_at: float
     _wake_kick: trio.Event
     transfers: TransferIO
+    late_io: LateIO
     globals_io: GlobalTaskIO
 
     if TYPE_CHECKING:  # provided by Driver
@@ -209,6 +211,8 @@ class Effects:
             self._send_gang(i)
         elif isinstance(i, ev.StartNow):
             self._start_now(i)
+        elif isinstance(i, ev.SendLate):
+            self.late_io.send(i.msgs)
         elif isinstance(i, ev.Later):
             self._spawn(self.execute, list(i.instructions))
 

@@ -30,6 +30,8 @@ def peer_routes(coord: Driver, migrator: Migrator, ops: LocalOps) -> dict[str, R
         # transfer: load probes, and a receiver taking a queued task
         "probe": coord.transfers.rpc_probe,
         "steal": coord.transfers.rpc_steal,
+        # late binding: reservations, cancels and pulls (runtime/latebindio.py)
+        "late": coord.late_io.rpc,
         # migration: decisions, state streams, records (runtime/moving.py)
         "migrate": migrator.rpc,
         # a client's request forwarded to the task's home (runtime/localops.py)

@@ -25,6 +25,7 @@ from ..node.state import Settings
 from ..policy import datakeys
 from ..policy import gpu as gpupol
 from ..policy.constraints import merge_labels
+from ..policy.latebind import LateConfig
 from ..policy.shares import ShareLedger
 from . import exechelper, hostfacts, recovery, shim
 from . import gpu as gpu_runtime
@@ -256,6 +257,14 @@ def data_digest(config: Config, log: EventLog) -> bytes:
     return datakeys.digest(keys)
 
 
+def late_config(d: int, profile: Profile) -> LateConfig | None:
+    """`--late-binding D`: the D least loaded of 2D peers sampled from the view hold a
+    reservation; the profile's hold and second-wave delay (None: off)."""
+    if d <= 0:
+        return None
+    return LateConfig(d=d, sample=2 * d, stage=profile.late_stage, hold=profile.late_hold)
+
+
 def driver(
     config: Config,
     profile: Profile,
@@ -276,6 +285,7 @@ def driver(
     max_age = config.report_max_age or 3 * profile.membership.load_refresh_interval
     settings = Settings(
         placement_d=config.placement_d,
+        late=late_config(config.late_binding, profile),
         placement_rule=config.placement,
         gpu_policy=config.gpu_policy,
         psi_target=config.qos_psi_target,

@@ -23,6 +23,7 @@ from swarm.model import LoadReport, NodeId, Task, TaskId, TaskSpec
 from swarm.node.gate import can_start
 from swarm.policy import migration as mig
 from swarm.policy.gpu import GpuAllocator
+from swarm.policy.latebind import LateBinding
 from swarm.policy.placement import Needs, PlacementRetry
 from swarm.policy.shares import ShareLedger
 from swarm.policy.transfer import QueuedTask, TransferPolicy
@@ -53,7 +54,13 @@ GPU_POLICY = "binpack"  # the agent's default (Settings.gpu_policy); no GPUs her
     MIGTICK,
     MIGARRIVE,
     RESET,
-) = range(16)
+    RESERVE,
+    CANCEL,
+    PULL,
+    PULLREP,
+    LATEGIVE,
+    LATEEXP,
+) = range(22)
 
 
 class _Settled:
@@ -120,9 +127,11 @@ class SimNode:
         "busy",
         "cores",
         "gpus",
+        "held",
         "hold_until",
         "id",
         "idx",
+        "lb",
         "ledger",
         "mig_here",
         "queue",
@@ -161,6 +170,8 @@ class SimNode:
         self.repv = 0
         self.touched = False
         self.tp: TransferPolicy | None = None
+        self.lb: LateBinding | None = None
+        self.held: dict[TaskId, SimTask] = {}  # late binding: tasks held here, not queued
         self.bucket: mig.TokenBucket | None = None
         self.mig_here = 0  # migrations in flight from or to this node
         self.area = 0.0  # integral of weight_sum over time (statistics)
@@ -222,6 +233,7 @@ class Books:
         self._res_flags = array("b")
         self.events = 0
         self.placements = 0
+        self.handoffs = 0  # placements handed to another node than the deciding one
         self.refusals = 0
         self.transfers = 0
         self.migrations = 0
@@ -397,6 +409,15 @@ class Books:
             self._finish(t, now)
         self._touch(n)
         self._try_start(n, changed=True)
+        if n.lb is not None:
+            self._room(n)
+
+    def _room(self, n: SimNode) -> None:
+        """Room may have appeared on n (late binding's hook)."""
+
+    def _late_hold(self, task: SimTask) -> bool:
+        """Late binding's hook at placement: True if it took the task."""
+        return False
 
     def _finish(self, t: SimTask, now: float) -> None:
         i = t.idx

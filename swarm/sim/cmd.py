@@ -59,7 +59,11 @@ def run_command(
         except ValueError:
             rel = outdir.resolve().as_posix()
         docpath.parent.mkdir(parents=True, exist_ok=True)
-        docpath.write_text(doc_page(outcomes, rel, INTRO), encoding="utf-8")
+        page = doc_page(outcomes, rel, INTRO)
+        extra = outdir / "sim_vs_agents.md"  # real agents: bench/sim_vs_agents.py --md
+        if name == "all" and extra.exists():
+            page += "\n" + extra.read_text(encoding="utf-8").replace("](", f"]({rel}/")
+        docpath.write_text(page, encoding="utf-8")
         print(f"swarm sim: wrote {docpath}", file=sys.stderr)
     print(f"swarm sim: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0 if all(ok for o in outcomes for ok in o.checks.values()) else 1

@@ -52,7 +52,10 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import attrs
+
 from swarm.model import LoadReport, NodeId, TaskSpec
+from swarm.policy.latebind import LateStats
 from swarm.policy.transfer import TransferPolicy, TransferStats
 from swarm.policy.view import PeerEntry
 
@@ -67,8 +70,8 @@ from .books import (
     SimNode,
     SimTask,
 )
+from .latesim import LateSim
 from .movesim import MigrationSim, TransferSim
-from .placesim import PlacementSim
 from .simconfig import (
     FRONTEND,
     NODE,
@@ -113,7 +116,7 @@ __all__ = [
 ]
 
 
-class ClusterSim(PlacementSim, TransferSim, MigrationSim):
+class ClusterSim(LateSim, TransferSim, MigrationSim):
     """One run: build with a config and a job iterator, then `run()`.
 
     Useful attributes after the run: `finished` (bytearray, one count per arrival:
@@ -146,6 +149,12 @@ class ClusterSim(PlacementSim, TransferSim, MigrationSim):
             self._on_migtick,
             self._on_migarrive,
             self._on_reset,
+            self._on_reserve,
+            self._on_cancel,
+            self._on_pull,
+            self._on_pullrep,
+            self._on_lategive,
+            self._on_lateexp,
         ]
         self._setup()
 
@@ -181,6 +190,7 @@ class ClusterSim(PlacementSim, TransferSim, MigrationSim):
             for n in self.nodes:
                 n.bucket = ms.config.new_bucket(0.0)
                 self._push(rng.random() * ms.interval, MIGTICK, n)
+        self._late_setup()
         if cfg.warmup > 0:
             self._push(cfg.warmup, RESET)
         self._next_arrival()
@@ -349,7 +359,17 @@ class ClusterSim(PlacementSim, TransferSim, MigrationSim):
                     refused_probes=stats.refused_probes + s.refused_probes,
                     timeouts=stats.timeouts + s.timeouts,
                 )
+        late = LateStats()
+        for n in self.nodes:
+            if n.lb is not None:
+                late = LateStats(
+                    *(
+                        a + b
+                        for a, b in zip(attrs.astuple(late), attrs.astuple(n.lb.stats), strict=True)
+                    )
+                )
         return SimResult(
+            late_stats=late,
             arrivals=len(self.finished),
             completions=sum(self.finished),
             measured=len(times),
@@ -359,6 +379,7 @@ class ClusterSim(PlacementSim, TransferSim, MigrationSim):
             horizon=self.now,
             events=self.events,
             placements=self.placements,
+            handoffs=self.handoffs,
             refusals=self.refusals,
             transfers=self.transfers,
             migrations=self.migrations,

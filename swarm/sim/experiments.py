@@ -18,6 +18,7 @@ from pathlib import Path
 import attrs
 
 from swarm.policy import migration as mig
+from swarm.policy.latebind import LateConfig
 from swarm.policy.transfer import TransferConfig
 
 from . import balls as balls_mod
@@ -84,6 +85,7 @@ TRANSFER = TransferConfig(
 SENDER_ONLY = attrs.evolve(TRANSFER, wm_low=1e9, wm_high=2e9, wm_band=0.0)
 RECEIVER_ONLY = attrs.evolve(TRANSFER, wm_low=-2.0, wm_high=-1.0, wm_band=0.0)
 GOSSIP = GossipAge(period=1.0, delay=0.05)
+LATE = LateConfig(d=4, sample=8, stage=3 * NET_DELAY, hold=3.0, pull_timeout=0.5)
 MIGRATION = mig.MigrationConfig(
     margin=1.5,
     cooldown=1.0,
@@ -399,64 +401,183 @@ def load_config(
         return cfg
     if curve == "d2+transfer+migration":
         return attrs.evolve(cfg, migration=migration_spec(migration_pause))
+    if curve == "late":
+        return attrs.evolve(cfg, late=LATE)
+    if curve == "late+transfer+migration":
+        return attrs.evolve(
+            cfg,
+            late=LATE,
+            transfer=TRANSFER,
+            tick=TICK,
+            transfer_cost=0.01,
+            migration=migration_spec(migration_pause),
+        )
     raise ValueError(f"unknown load curve {curve!r}")
 
 
 MIG_U = 0.7
 MIG_COSTS = (0.05, 0.3, 1.0)
-LOAD_CURVES = ("random", "d2", "d2+transfer", "d2+transfer+migration", "jsq")
+LOAD_CURVES = (
+    "random",
+    "d2",
+    "d2+transfer",
+    "d2+transfer+migration",
+    "late+transfer+migration",
+    "jsq",
+)
+FULL = "late+transfer+migration"  # swarm's full policy at HEAD (the agent's defaults)
+BEFORE = "d2+transfer+migration"  # ... before late binding (issue 24)
+LOAD_SEEDS = 5
 CURVE_LABEL = {
     "random": "random",
     "d2": "d=2 (stale gossip)",
     "d2+transfer": "d=2 + transfer",
     "d2+transfer+migration": "d=2 + transfer + migration",
+    "late+transfer+migration": "late binding + transfer + migration",
     "jsq": "JSQ (fresh, ideal)",
 }
+# Late binding's settings compared (seed p.seed): (label, LateConfig)
+LATE_VARIANTS: tuple[tuple[str, LateConfig], ...] = (
+    ("d=4 of 8 (default)", LATE),
+    ("d=4 of 8, all at once", attrs.evolve(LATE, stage=0.0)),
+    ("d=2 of 8", attrs.evolve(LATE, d=2)),
+    ("d=4 of 4", attrs.evolve(LATE, sample=4)),
+)
+LATE_VARIANT_U = (0.5, 0.7, 0.9)
 
 
 @_timed
 def load(p: Params) -> Outcome:
-    """Mean and p99 response time vs utilisation, Pareto service, as ratios to JSQ;
-    plus when migration pays."""
+    """Mean and p99 response time vs utilisation, Pareto service, as ratios to JSQ
+    (5 seeds, 95 % CIs), with messages per task; late binding's settings; when
+    migration pays."""
     n = p.nodes or 100
     count = p.tasks or 12_000
-    res: dict[tuple[str, float], SimResult] = {}
+    seeds = [p.seed + k for k in range(LOAD_SEEDS)]
+    runs: dict[tuple[str, float, int], SimResult] = {}
     for u in LOAD_U:
         for c in LOAD_CURVES:
-            res[(c, u)] = _run(load_config(c, n, p.seed), u * n, PARETO, count, p.seed)
+            for sd in seeds:
+                runs[(c, u, sd)] = _run(load_config(c, n, sd), u * n, PARETO, count, sd)
+
+    def ratio(c: str, u: float, what: str) -> tuple[float, float]:
+        return mean_ci(
+            [getattr(runs[(c, u, sd)], what) / getattr(runs[("jsq", u, sd)], what) for sd in seeds]
+        )
+
+    def r_at(c: str, u: float) -> str:
+        m, h = ratio(c, u, "mean")
+        return f"{m:.2f}x (+-{h:.2f})"
+
+    def per_task(c: str, u: float) -> float:
+        return sum(runs[(c, u, sd)].messages / runs[(c, u, sd)].arrivals for sd in seeds) / len(
+            seeds
+        )
+
     rows = []
     for u in LOAD_U:
-        ideal = res[("jsq", u)]
-        row: list[object] = [u]
         for c in LOAD_CURVES:
-            r = res[(c, u)]
-            row += [r.mean, r.p99] if c == "jsq" else [r.mean / ideal.mean, r.p99 / ideal.p99]
-        rows.append(tuple(row))
-    headers = ["utilisation"]
-    for c in LOAD_CURVES:
-        if c == "jsq":
-            headers += ["JSQ mean", "JSQ p99"]
-        else:
-            headers += [f"{c} mean/JSQ", f"{c} p99/JSQ"]
-    table = Table.of(headers, rows)
+            if c == "jsq":
+                continue
+            m, mh = ratio(c, u, "mean")
+            q, qh = ratio(c, u, "p99")
+            rows.append((u, c, m, mh, q, qh, per_task(c, u), per_task(c, u) / per_task(BEFORE, u)))
+    table = Table.of(
+        [
+            "utilisation",
+            "curve",
+            "mean/JSQ",
+            "mean/JSQ 95% CI +-",
+            "p99/JSQ",
+            "p99/JSQ 95% CI +-",
+            "messages/task",
+            f"messages/task / {BEFORE}'s",
+        ],
+        rows,
+    )
+    first = seeds[0]
     extra = Table.of(
-        ["utilisation", "curve", "mean", "p99", "transfers", "migrations", "probes"],
+        [
+            "utilisation",
+            "curve",
+            "mean",
+            "p99",
+            "transfers",
+            "migrations",
+            "probes",
+            "held",
+            "pulled",
+            "released",
+        ],
         [
             (
                 u,
                 c,
-                res[(c, u)].mean,
-                res[(c, u)].p99,
-                res[(c, u)].transfers,
-                res[(c, u)].migrations,
-                res[(c, u)].transfer_stats.probes,
+                r.mean,
+                r.p99,
+                r.transfers,
+                r.migrations,
+                r.transfer_stats.probes,
+                r.late_stats.held,
+                r.late_stats.given,
+                r.late_stats.released,
             )
             for u in LOAD_U
             for c in LOAD_CURVES
+            for r in [runs[(c, u, first)]]
         ],
     )
+    # Run length: the headline cells with twice the tasks.
+    hl = 0.9 if 0.9 in LOAD_U else LOAD_U[-2]
+    lrows = []
+    for c in (FULL, BEFORE):
+        for k in (1, 2):
+            xs, ys = [], []
+            for sd in seeds:
+                if k == 1:
+                    r, j = runs[(c, hl, sd)], runs[("jsq", hl, sd)]
+                else:
+                    r = _run(load_config(c, n, sd), hl * n, PARETO, k * count, sd)
+                    j = _run(load_config("jsq", n, sd), hl * n, PARETO, k * count, sd)
+                xs.append(r.mean / j.mean)
+                ys.append(r.p99 / j.p99)
+            (m, mh), (q, qh) = mean_ci(xs), mean_ci(ys)
+            lrows.append((c, hl, k * count, m, mh, q, qh))
+    length = Table.of(["curve", "utilisation", "tasks", "mean/JSQ", "+-", "p99/JSQ", "+-"], lrows)
+    # Late binding's settings.
+    vrows = []
+    for u in LATE_VARIANT_U:
+        if u not in LOAD_U:
+            continue
+        j = runs[("jsq", u, first)]
+        base = runs[(BEFORE, u, first)]
+        for label, lc in LATE_VARIANTS:
+            r = _run(
+                attrs.evolve(load_config(FULL, n, first), late=lc), u * n, PARETO, count, first
+            )
+            vrows.append(
+                (
+                    u,
+                    label,
+                    r.mean / j.mean,
+                    r.p99 / j.p99,
+                    r.messages / r.arrivals,
+                    r.messages / base.messages,
+                )
+            )
+    variants = Table.of(
+        [
+            "utilisation",
+            "late binding",
+            "mean/JSQ",
+            "p99/JSQ",
+            "messages/task",
+            f"messages / {BEFORE}'s",
+        ],
+        vrows,
+    )
     us = list(LOAD_U)
-    colours = dict(zip(LOAD_CURVES, ("C0", "C1", "C2", "C3", "C4"), strict=True))
+    colours = dict(zip(LOAD_CURVES, ("C0", "C1", "C2", "C3", "C5", "C4"), strict=True))
     shown = [c for c in LOAD_CURVES if c != "jsq"]
     plots.lines(
         p.out / "load.png",
@@ -464,7 +585,7 @@ def load(p: Params) -> Outcome:
             plots.Series(
                 CURVE_LABEL[c] + " mean",
                 us,
-                [res[(c, u)].mean / res[("jsq", u)].mean for u in us],
+                [ratio(c, u, "mean")[0] for u in us],
                 "o-",
                 1.5,
                 colours[c],
@@ -475,7 +596,7 @@ def load(p: Params) -> Outcome:
             plots.Series(
                 CURVE_LABEL[c] + " p99",
                 us,
-                [res[(c, u)].p99 / res[("jsq", u)].p99 for u in us],
+                [ratio(c, u, "p99")[0] for u in us],
                 "x--",
                 1.0,
                 colours[c],
@@ -552,9 +673,15 @@ def load(p: Params) -> Outcome:
             "Here the two distributions fare alike at that cost: the cost-benefit test "
             "declines most expensive moves under both."
         )
-    hi = LOAD_U[-2]
-    r_hi = rows[LOAD_U.index(hi)]
-    col = table.headers.index
+    hi = hl
+
+    def show(c: str, what: str = "mean") -> str:
+        m, h = ratio(c, hi, what)
+        return f"{m:.2f}x (+-{h:.2f})"
+
+    full_m, full_q = ratio(FULL, hi, "mean")[0], ratio(FULL, hi, "p99")[0]
+    cost = per_task(FULL, hi) / per_task(BEFORE, hi)
+    low = LOAD_U[0]
     return Outcome(
         name="load",
         title="3. Load: response time against the ideal",
@@ -562,7 +689,10 @@ def load(p: Params) -> Outcome:
 n = {n} nodes, each one core on which up to 2 tasks time-share (processor sharing)
 while the rest wait FIFO. Poisson arrivals at rate u n, **bounded Pareto service**
 (alpha 1.1, max/min 1000, mean 1: heavy-tailed like process lifetimes,
-Harchol-Balter & Downey 1997). {count:,} tasks per point, common random numbers.
+Harchol-Balter & Downey 1997). {count:,} tasks per run, seeds {seeds[0]}-{seeds[-1]}
+(each seed's arrivals and service times are shared by every curve); the first table
+gives the mean over the seeds of each run's ratio to JSQ's, with its 95 % confidence
+interval.
 
 - *random*: a front end places uniformly (`place(d=1)`).
 - *d=2 (stale gossip)*: each task arrives at a random node, which runs `place(d=2)`
@@ -578,28 +708,55 @@ Harchol-Balter & Downey 1997). {count:,} tasks per point, common random numbers.
   sample, checkpoint mode, 0.05 S downtime per move, margin 1.5, per-task cooldown
   1 S, at most 3 moves per task and 8 in flight; the target re-checks on fresh state
   with `admit` and `recheck_at_target`, as the agent's migrator does.
+- *late binding + transfer + migration* (swarm's full policy): `policy.latebind`
+  on every node (Sparrow's late binding). A task arriving at a node with room (a
+  free slot on an idle core) runs there; otherwise the node holds it and reserves
+  the {LATE.d} least loaded of {LATE.sample} peers read from its gossip view: first
+  those whose report says they have room, the others {LATE.stage:g} S later if the
+  task is still held. The first of them with room pulls it (pull, answer, handoff:
+  three one-way delays) and the others get a cancel; if the home gets room first, it
+  runs the task itself; a task nobody pulls within {LATE.hold:g} S joins its home's
+  run queue. Transfer and migration as above. *load_late* compares other settings at
+  seed {seeds[0]}.
 - *JSQ*: the ideal: an omniscient front end joins the node with the fewest tasks
   now.
 
-The table gives JSQ's absolute mean and p99 and every other curve as a ratio to it.
+*Messages per task* counts a handoff per placement, each probe and its reply, each
+steal request, move and migration, and late binding's reservations, cancels, pulls
+and answers (gossip is the same for every curve and not counted).
 """,
-        tables=[("load", table), ("load_detail", extra), ("load_migration", mtable)],
+        tables=[
+            ("load", table),
+            ("load_detail", extra),
+            ("load_length", length),
+            ("load_late", variants),
+            ("load_migration", mtable),
+        ],
         figures=[
             ("load.png", "Mean (solid) and p99 (dashed) response time as a ratio to JSQ's"),
             ("load_migration.png", "Mean response time with migration / without"),
         ],
         findings=f"""
-**What it shows.** Random placement ignores load and its mean grows like M/M/1's;
-at utilisation {hi} it is {r_hi[col("random mean/JSQ")]:.1f}x the ideal (p99
-{r_hi[col("random p99/JSQ")]:.1f}x). Two choices on gossip one service time old
-bring that to {r_hi[col("d2 mean/JSQ")]:.2f}x (p99 {r_hi[col("d2 p99/JSQ")]:.2f}x);
-adaptive transfer, which moves *queued* tasks from busy to idle nodes, brings it to
-{r_hi[col("d2+transfer mean/JSQ")]:.2f}x (p99 {r_hi[col("d2+transfer p99/JSQ")]:.2f}x),
-and migration of *running* tasks to {r_hi[col("d2+transfer+migration mean/JSQ")]:.2f}x
-(p99 {r_hi[col("d2+transfer+migration p99/JSQ")]:.2f}x). JSQ needs exact global
-state on every arrival; swarm uses a local fresh report, two stale ones and probes.
+**What it shows.** At utilisation {hi}, random placement's mean is {show("random")} the
+ideal's; two choices on gossip one service time old {show("d2")}; adaptive transfer
+(moving *queued* tasks) {show("d2+transfer")}, and migration of *running* tasks on top
+{show(BEFORE)} (p99 {show(BEFORE, "p99")}): with heavy tails, a task committed at arrival
+to a node that looked light on a second-old report often lands behind a long task,
+and moving it later costs a move. **Late binding** commits a task only to a node that
+has room at that moment: the full policy reaches {show(FULL)} the ideal's mean and
+{show(FULL, "p99")} its p99, for {per_task(FULL, hi):.1f} messages per task against
+{per_task(BEFORE, hi):.1f} ({cost:.2f}x; see *load_late* for cheaper settings). At
+utilisation {low} the full policy is {r_at(FULL, low)} JSQ's mean; there it costs
+{per_task(FULL, low):.1f} messages per task against {per_task(BEFORE, low):.1f}: where
+two choices mostly keeps a task at its home for nothing, a task held because its home
+is busy sends at least a reservation, a pull, its answer and a handoff, and cancels
+to the rest of its first wave (the peers that looked free). *load_length* reruns the
+headline cells with twice the tasks: the full policy's cells move by less than 3 %.
+JSQ needs exact global state on every arrival;
+swarm uses a local fresh report, a sample of stale ones, and the reserved nodes' own
+word when they have room.
 
-**When migration pays** (third table, n = {mn}, utilisation {MIG_U}, on top of d = 2
+**When migration pays** (last table, n = {mn}, utilisation {MIG_U}, on top of d = 2
 and transfer). With cheap moves (downtime {cheap:g} S) migration
 {effect(pays[("Pareto", cheap)])} under Pareto service and
 {effect(pays[("exponential", cheap)])} under exponential service: moving a task off
@@ -612,11 +769,16 @@ moving queued tasks (transfer) does the job.
 """,
         checks={
             "d=2 on stale gossip beats random at every utilisation": all(
-                res[("d2", x)].mean < res[("random", x)].mean for x in LOAD_U
+                ratio("d2", x, "mean")[0] < ratio("random", x, "mean")[0] for x in LOAD_U
             ),
             "adaptive transfer improves on d=2 alone at utilisation >= 0.9": all(
-                res[("d2+transfer", x)].mean < res[("d2", x)].mean for x in LOAD_U if x >= 0.9
+                ratio("d2+transfer", x, "mean")[0] < ratio("d2", x, "mean")[0]
+                for x in LOAD_U
+                if x >= 0.9
             ),
+            f"full policy <= 1.2x JSQ's mean at {hi} (issue 24)": full_m <= 1.2,
+            f"full policy <= 1.3x JSQ's p99 at {hi} (issue 24)": full_q <= 1.3,
+            f"full policy <= 2x the messages per task of {BEFORE} at {hi}": cost <= 2.0,
         },
         extra={"pays": pays},
     )
@@ -1641,7 +1803,8 @@ The simulator (`swarm/sim/`) is a deterministic discrete-event engine. Its decis
 are the agent's own code, called exactly as the agent calls it: the node's placement
 rule and admission (`node.decide`: `policy.placement.place` and `admit`), its start
 gate and GPU slices (`node.gate`), `PlacementRetry`, `ShareLedger`, `TransferPolicy`
-(probes, replies, pushes and steals are delayed messages),
+(probes, replies, pushes and steals are delayed messages), `LateBinding`
+(reservations, cancels, pulls and answers are delayed messages too),
 `policy.migration.plan_migrations`, `policy.load` (Flex) and `policy.gpu.GpuAllocator`.
 Only the yardsticks that swarm must never use (least-loaded of a stale view,
 omniscient join-shortest-queue) and the request-based baselines of the Flex

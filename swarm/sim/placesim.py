@@ -48,6 +48,8 @@ class PlacementSim(Books):
             self._rule = RANDOM
 
     def _place(self, task: SimTask) -> None:
+        if self._late_hold(task):
+            return
         now = self.now
         self.placements += 1
         origin = task.origin
@@ -82,6 +84,8 @@ class PlacementSim(Books):
             self._waited(task)
             self._push(task.retry.not_before, RETRY, task)
             return
+        if target is not origin:
+            self.handoffs += 1
         if target is origin or self.cfg.net_delay <= 0:
             self._on_handoff(task, target)
         else:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import attrs
 
 from swarm.policy import migration as mig
+from swarm.policy.latebind import LateConfig, LateStats
 from swarm.policy.placement import RetryPolicy
 from swarm.policy.transfer import TransferConfig, TransferStats
 
@@ -134,6 +135,7 @@ class SimConfig:
     probe_cpu: float = 0.0  # CPU time a node spends sending or answering one probe
     tick: float | None = None  # transfer step period per node (default: round_interval)
     migration: MigrationSpec | None = None
+    late: LateConfig | None = None  # late binding at each task's home (origin "node" only)
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     max_rounds: int = 100  # a task with no eligible node after this many backoffs: SimError
     warmup: float = 0.0  # statistics ignore tasks that arrive before this time
@@ -169,6 +171,7 @@ class SimResult:
     horizon: float  # simulated time at the end
     events: int
     placements: int
+    handoffs: int  # placements sent to another node (a local one sends nothing)
     refusals: int
     transfers: int
     migrations: int
@@ -181,6 +184,25 @@ class SimResult:
     node_reserved: tuple[float, ...]  # time-average reserved shares (node_stats only)
     node_busy: tuple[float, ...]  # time-average busy fraction per node
     levels: tuple[float, ...]  # time-average fraction of nodes with >= i tasks
+    late_stats: LateStats = attrs.field(factory=LateStats)
+
+    @property
+    def messages(self) -> int:
+        """Messages for placing and moving tasks: a handoff per placement sent to another
+        node and a refusal's answer, a probe and its reply, a steal request, a move or a
+        migration each, and late binding's reservations, cancels, pulls and answers (a
+        pulled task's handoff is counted with the handoffs). Gossip is not counted (the
+        same for every policy)."""
+        s = self.transfer_stats
+        return (
+            self.handoffs
+            + self.refusals
+            + 2 * s.probes
+            + s.steals
+            + self.transfers
+            + self.migrations
+            + self.late_stats.messages
+        )
 
     @property
     def p99_ratio(self) -> float:

@@ -224,3 +224,23 @@ def test_the_priority_plan_fills_every_slot_with_low_then_sends_high() -> None:
     assert max(s.seconds for s in highs) < min(s.seconds for s in plan.submits if s.kind == "low")
     assert all(isinstance(s.seconds, float) for s in plan.submits)
     assert m.TaskState.QUEUED.value == "queued"  # the journal's spelling the checks read
+
+
+def test_late_binding_a_held_task_run_twice_needs_a_fault_to_explain_it() -> None:
+    """Issue 24's check (`late-held-task-ran-once`) on synthetic journals: a task its
+    home held for late binding ran at the home and at a puller; with no kill or cut
+    between, that breaks the check, named; a kill of the first runner explains it."""
+    home = JournalData("n1", {}, (), (), late_held=frozenset({"t1"}))
+    runs = {"t1": [run("n1", 1, 0.0, 1.0), run("n2", 1, 2.0, 3.0)]}
+    journals = {"n1": home}
+    homes = {"t1": "n1"}
+    [v], f = inv.check_late_binding(runs, journals, homes, [])
+    assert v.invariant == inv.LATE_ONCE and "t1" in v.detail
+    assert f == {"held": 1, "at_home": 1, "pulled": 0, "reruns_explained": 0, "never_ran": 0}
+    out, f = inv.check_late_binding(runs, journals, homes, [kill("n1", 0.5, 1.5)])
+    assert out == [] and f["reruns_explained"] == 1
+    # a task it never held is not this check's business; one never run is counted
+    out, f = inv.check_late_binding({"t1": [run("n2", 1, 0.0, 1.0)]}, journals, homes, [])
+    assert out == [] and f["pulled"] == 1
+    out, f = inv.check_late_binding({}, journals, homes, [])
+    assert out == [] and f["never_ran"] == 1

@@ -33,6 +33,7 @@ from swarm.cluster import gangwire, succession
 from swarm.cluster import handoff as hf
 from swarm.cluster import messages as msgs
 from swarm.node import replicas
+from swarm.policy import latebind
 from swarm.runtime import fencingio, gangio, handoffbatch, journaldb, net
 from swarm.runtime import journal as jr
 from swarm.runtime.api import ApiServer, Ops, PeerCred
@@ -249,6 +250,8 @@ CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = (
                 ]
             },
         ),
+        # issue 24: late binding's op `late` (reserve, cancel, pull)
+        ("late", latebind.msg_from_wire, latebind.msg_to_wire(latebind.PULL, SPEC.id)),
     ]
 )
 

@@ -117,3 +117,42 @@ def test_stimuli_through_handle_give_the_methods_instructions_in_order() -> None
     out = a.state.handle(ev.PlaceTask(0.0, 1.0, "A/1", "h1"), ev.PlaceTask(0.0, 1.0, "A/2", "h2"))
     assert [i for i in out if isinstance(i, ev.Enqueue)] == [ev.Enqueue("h1"), ev.Enqueue("h2")]
     assert a.state.handle(ev.PlaceTask(0.0, 1.0, "A/3", "nope")) == []  # nothing to place
+
+
+def test_late_binding_holds_a_task_at_a_busy_home_and_cancels_when_it_starts_there() -> None:
+    """Issue 24: with late binding on, a home with no room keeps the task in its own
+    queue and sends reservations to peers (policy/latebind.py); when it starts at home,
+    the reservations are cancelled. A home with room places as before."""
+    from swarm.policy.latebind import Cancel, LateConfig, Reserve
+
+    late = Settings(late=LateConfig(d=2, sample=4))
+    a, b, c = (FakeNode(n, settings=late) for n in ("A", "B", "C"))
+    a.submit(m.TaskSpec(id="t0", argv=("x",)))
+    out = _flatten(a.state.place("t0", 0.0, 0.0))  # room here: no hold
+    assert not [i for i in out if isinstance(i, ev.SendLate)] and ev.Enqueue("t0") in out
+    busy(a, 1)
+    gossip(a, b, c)
+    a.submit(m.TaskSpec(id="t6", argv=("x",)))
+    out = _flatten(a.state.place("t6", 0.0, 0.0))
+    assert ev.Enqueue("t6") in out and "t6" not in a.state.jobs
+    (send,) = [i for i in out if isinstance(i, ev.SendLate)]
+    assert sorted(send.msgs, key=lambda x: x.peer) == [Reserve("B", "t6"), Reserve("C", "t6")]
+    assert "held here (late binding)" in a.state.explains["t6"][-1]["outcome"]
+    assert a.state.late is not None and a.state.late.is_held("t6")
+    task = a.state.records.active["t6"]
+    out = a.state.handle(ev.TaskStarted(1.0, 1.0, "s1", task))
+    (send,) = [i for i in out if isinstance(i, ev.SendLate)]
+    assert sorted(send.msgs, key=lambda x: x.peer) == [Cancel("B", "t6"), Cancel("C", "t6")]
+    assert not a.state.late.is_held("t6")
+
+
+def test_late_binding_leaves_data_and_gpu_tasks_to_placement() -> None:
+    from swarm.policy.latebind import LateConfig
+
+    a, b = (FakeNode(n, settings=Settings(late=LateConfig(d=1, sample=1))) for n in ("A", "B"))
+    busy(a, 1)
+    gossip(a, b)
+    a.submit(m.TaskSpec(id="t7", argv=("x",), data=("k1",)))
+    out = _flatten(a.state.place("t7", 0.0, 0.0))
+    assert not [i for i in out if isinstance(i, ev.SendLate)]
+    assert a.state.late is not None and not a.state.late.is_held("t7")
