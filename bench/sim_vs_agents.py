@@ -161,7 +161,7 @@ def section(result: dict[str, Any]) -> str:
         "response time that placement and transfer decide, and that the comparison tests."
     )
     return f"""
-## 12. The simulator against real agents
+## The simulator against real agents
 
 Produced by `bench/sim_vs_agents.py --md docs/experiments/sim_vs_agents.md` (real
 agents: it is not part of `swarm sim all`; `make experiments` appends its last

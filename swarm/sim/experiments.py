@@ -22,7 +22,7 @@ from swarm.policy.latebind import LateConfig
 from swarm.policy.transfer import TransferConfig
 
 from . import balls as balls_mod
-from . import constraintsim, elasticsim, gangsim, localitysim, plots
+from . import constraintsim, elasticsim, gangsim, hedgesim, localitysim, plots
 from . import fairsim as fs
 from .calibrate import measure_load_age
 from .engine import (
@@ -806,6 +806,46 @@ def _crossover(xs: Sequence[float], a: Sequence[float], b: Sequence[float]) -> f
 
 
 PROBE_COSTS = (0.0, 0.02)
+# Where sender-initiated stops winning, with CPU-costly probes: periodic rounds (the
+# table's) against near event-driven ones, 5 seeds, on a finer grid.
+CROSS_U = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+EVENT_TICK = 0.05
+TIMERS: tuple[tuple[str, float], ...] = (
+    (f"periodic (rounds every {TICK:g} S)", TICK),
+    (f"near event-driven (rounds and cooldowns {EVENT_TICK:g} S)", EVENT_TICK),
+)
+PAPER_CROSS = "0.7-0.9"  # Eager, Lazowska & Zahorjan's crossover, as the issue reads them
+
+
+def _transfer_cfg(
+    n: int, seed: int, mode: TransferConfig | None, tick: float, pc: float
+) -> SimConfig:
+    # every timer at most `tick`: rounds, and the cooldowns that would otherwise hold
+    # a node or a task back for longer than a round
+    tc = (
+        None
+        if mode is None
+        else attrs.evolve(
+            mode,
+            round_interval=tick,
+            task_cooldown=min(mode.task_cooldown, tick),
+            switch_cooldown=min(mode.switch_cooldown, tick),
+            accept_hold=min(mode.accept_hold, tick),
+        )
+    )
+    return SimConfig(
+        nodes=uniform_nodes(n),
+        placement=PowerOfD(0),
+        origin=NODE,
+        staleness=GOSSIP,
+        net_delay=NET_DELAY,
+        transfer=tc,
+        tick=tick,
+        transfer_cost=0.1,
+        probe_cpu=pc,
+        seed=seed,
+        warmup=20.0,
+    )
 
 
 @_timed
@@ -893,8 +933,38 @@ def transfer(p: Params) -> Outcome:
             else "sender-initiated is better at every load measured (no crossover)"
         )
 
-    hi, lo0 = us[-1], us[0]
+    # The crossover with CPU-costly probes: periodic vs near event-driven timers.
     costly = PROBE_COSTS[-1]
+    xrows = []
+    xs_at: dict[str, list[float]] = {}
+    for tlabel, tick in TIMERS:
+        found: list[float] = []
+        for sd in [p.seed + k for k in range(LOAD_SEEDS)]:
+            means = {
+                lb: [
+                    _run(_transfer_cfg(n, sd, tc, tick, costly), u * n, EXPO, count, sd).mean
+                    for u in CROSS_U
+                ]
+                for lb, tc in TRANSFER_MODES
+                if lb in ("sender", "receiver")
+            }
+            c = _crossover(CROSS_U, means["sender"], means["receiver"])
+            if c is not None:
+                found.append(c)
+        xs_at[tlabel] = found
+        m, h = mean_ci(found) if found else (math.nan, math.nan)
+        xrows.append((tlabel, len(found), LOAD_SEEDS, m, h, PAPER_CROSS))
+    xtable = Table.of(
+        ["timers", "seeds with a crossover", "seeds", "crossover", "95% CI +-", "paper"], xrows
+    )
+    per, ev = (xrows[0][3], xrows[0][4]), (xrows[1][3], xrows[1][4])
+    n_in = sum(0.7 <= x <= 0.9 for x in (per[0], ev[0]))
+    inside = (
+        "both below the paper's range"
+        if per[0] < 0.7 and ev[0] < 0.7
+        else f"{n_in} of the two inside the paper's range"
+    )
+    hi, lo0 = us[-1], us[0]
     ada_txt = (
         "within 5 % of the best fixed mode at every load"
         if near[0.0] and near[costly]
@@ -924,7 +994,6 @@ probe holds the node's processor, delaying its tasks). **Staleness model: `Gossi
 level; probes are answered on fresh state. Timers: round every {TICK} S, a task may
 move {TRANSFER.task_cooldown:g} S after it arrived. {count:,} tasks per point.
 """,
-        tables=[("transfer", table)],
         figures=[
             (
                 "transfer.png",
@@ -946,10 +1015,19 @@ better of the two ({ada_txt}).
 **Versus the published result.** Eager et al. found sender-initiated policies better
 at light to moderate load and receiver-initiated better at high load, provided their
 transfer costs are comparable; their probe and transfer costs were charged as CPU
-time. swarm reproduces that ordering when probes cost CPU. With swarm's cheap probes
-the low-load advantage of sender-initiated transfer disappears, which is why the
-adaptive policy only needs the watermarks to stop senders at high load (where their
-probes are wasted and add traffic to busy nodes).
+time, and their crossover lies at high utilisation ({PAPER_CROSS}). With probes that
+cost CPU, swarm's policy shows the same ordering but not the same crossover (second
+table, {LOAD_SEEDS} seeds, utilisations {CROSS_U[0]:g}-{CROSS_U[-1]:g}): with rounds every
+{TICK:g} S sender-initiated stops winning at utilisation {per[0]:.2f} (+-{per[1]:.2f},
+over the {xrows[0][1]} of {LOAD_SEEDS} seeds that cross below {CROSS_U[-1]:g}); with
+near event-driven timers (rounds and cooldowns of {EVENT_TICK:g} S) at {ev[0]:.2f}
+(+-{ev[1]:.2f}, over {xrows[1][1]} of {LOAD_SEEDS} seeds); {inside}. The models
+differ: Eager et al.'s nodes act on every arrival and departure with no cooldowns,
+swarm's on rounds with hysteresis, and the timers move the crossover by
+{ev[0] - per[0]:+.2f} here. With
+swarm's cheap probes the low-load advantage of sender-initiated transfer disappears,
+which is why the adaptive policy only needs the watermarks to stop senders at high load
+(where their probes are wasted and add traffic to busy nodes).
 """,
         checks={
             "with CPU-costly probes, sender-initiated is better at the lowest load": res[
@@ -961,6 +1039,7 @@ probes are wasted and add traffic to busy nodes).
             ].mean
             < res[("sender", 0.0, hi)].mean,
         },
+        tables=[("transfer", table), ("transfer_crossover", xtable)],
         extra={"crossover": cross},
     )
 
@@ -1242,11 +1321,10 @@ def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
     return pts[-1][1]
 
 
-@_timed
-def flex(p: Params) -> Outcome:
-    """Least-fit on requests vs oversubscription vs usage-aware (Flex) admission."""
-    n = p.nodes or 32
-    base = FlexSimConfig(nodes=n, seed=p.seed)
+FLEX_SEEDS = 5
+
+
+def _flex_runs(base: FlexSimConfig) -> list[tuple[str, str, FlexSimConfig]]:
     runs: list[tuple[str, str, FlexSimConfig]] = [
         ("requests", "least-fit", base),
         ("requests", "oversub 1.5x", attrs.evolve(base, oversub=1.5)),
@@ -1259,39 +1337,68 @@ def flex(p: Params) -> Outcome:
     for pm in (1.25, 1.5):
         cfg = attrs.evolve(base, admission=FLEX, order=LRF, flex=flex_config(pm))
         runs.append(("flex-lrf", f"flex LRF Pmin {pm:g}", cfg))
-    results: list[tuple[str, str, FlexResult]] = [(fam, lb, run_flex(c)) for fam, lb, c in runs]
-    lf = results[0][2]
-    rows = [
-        (
-            lb,
-            r.utilisation,
-            r.violation_pct,
-            r.spread,
-            r.requested,
-            r.requested / lf.requested,
-            r.admitted,
-            r.admitted / lf.admitted,
-            r.mean_wait,
+    return runs
+
+
+@_timed
+def flex(p: Params) -> Outcome:
+    """Least-fit on requests vs oversubscription vs usage-aware (Flex) admission, 5
+    seeds: at equal utilisation and at equal parameters."""
+    n = p.nodes or 32
+    seeds = [p.seed + k for k in range(FLEX_SEEDS)]
+    fams: dict[str, str] = {}
+    res: dict[str, list[FlexResult]] = {}
+    for sd in seeds:
+        for fam, lb, cfg in _flex_runs(FlexSimConfig(nodes=n, seed=sd)):
+            fams[lb] = fam
+            res.setdefault(lb, []).append(run_flex(cfg))
+    base = FlexSimConfig(nodes=n)
+    steps = n * (base.horizon - base.warmup)  # node-steps measured per run
+    labels = list(res)
+
+    def avg(lb: str, f: Callable[[FlexResult], float]) -> tuple[float, float]:
+        return mean_ci([f(r) for r in res[lb]])
+
+    lf = "least-fit"
+    rows = []
+    for lb in labels:
+        u, uh = avg(lb, lambda r: r.utilisation)
+        v, vh = avg(lb, lambda r: r.violation_pct)
+        a, ah = mean_ci([r.admitted / b.admitted for r, b in zip(res[lb], res[lf], strict=True)])
+        rows.append(
+            (
+                lb,
+                u,
+                uh,
+                v,
+                vh,
+                v / 100 * steps,
+                avg(lb, lambda r: r.spread)[0],
+                avg(lb, lambda r: r.requested)[0],
+                a,
+                ah,
+                avg(lb, lambda r: r.mean_wait)[0],
+            )
         )
-        for _, lb, r in results
-    ]
     table = Table.of(
         [
             "policy",
             "utilisation",
+            "+-",
             "QoS violations %",
+            "+-",
+            f"violating node-steps (of {steps:,})",
             "usage spread (std/mean)",
             "requested/capacity",
-            "held vs least-fit",
-            "admitted",
             "admitted vs least-fit",
+            "+-",
             "mean wait",
         ],
         rows,
     )
     fam_series = []
     for fam, style in (("requests", "o-"), ("flex-fifo", "s-"), ("flex-lrf", "^-")):
-        pts = sorted((r.utilisation, r.violation_pct) for f, _, r in results if f == fam)
+        pts = sorted((r[1], r[3]) for r in rows if fams[r[0]] == fam)
         label = {
             "requests": "requests (least-fit, oversub 1.5-2.5x)",
             "flex-fifo": "flex FIFO (Pmin 1-2)",
@@ -1303,45 +1410,37 @@ def flex(p: Params) -> Outcome:
     plots.lines(
         p.out / "flex.png",
         fam_series,
-        title=f"Utilisation vs QoS violations (n = {n}, request-vs-usage workload)",
+        title=f"Utilisation vs QoS violations (n = {n}, {FLEX_SEEDS} seeds, mean)",
         xlabel="CPU utilisation (used / capacity)",
         ylabel="% node-time with demand > capacity",
         logy=True,
     )
-    ov = next(r for _, lb, r in results if lb == "oversub 2x")
-    fx = [(r.utilisation, r.violation_pct, r) for f, _, r in results if f == "flex-fifo"]
-    fx_viol = _interp(ov.utilisation, [x for x, _, _ in fx], [y for _, y, _ in fx])
-    fx_req = _interp(ov.utilisation, [x for x, _, _ in fx], [r.requested for _, _, r in fx])
-    fewer = ov.violation_pct / fx_viol if fx_viol > 0 else math.inf
-    more_held = fx_req / lf.requested - 1.0
-    best = min((r for _, _, r in fx), key=lambda r: abs(r.utilisation - ov.utilisation))
-    admitted_more = (
-        _interp(ov.utilisation, [x for x, _, _ in fx], [r.admitted for _, _, r in fx]) / lf.admitted
-        - 1.0
-    )
-    fifo125 = next(r for _, lb, r in results if lb == "flex FIFO Pmin 1.25")
-    lrf125 = next(r for _, lb, r in results if lb == "flex LRF Pmin 1.25")
-    lrf15 = next(r for _, lb, r in results if lb == "flex LRF Pmin 1.5")
-    ov15 = next(r for _, lb, r in results if lb == "oversub 1.5x")
-    fx2 = next(r for _, lb, r in results if lb == "flex FIFO Pmin 2")
-    low_txt = (
-        f"At low utilisation the order reverses (oversub 1.5x: {ov15.utilisation:.0%} with "
-        f"{ov15.violation_pct:.3f} %; Flex at Pmin 2: {fx2.utilisation:.0%} with "
-        f"{fx2.violation_pct:.3f} %): with little committed, requests are a safe bound, "
-        "while Flex still admits against bursts its estimate has not seen yet. Flex pays "
-        "where oversubscription gets steep."
-        if fx2.violation_pct > ov15.violation_pct
-        else ""
-    )
-    lrf_fewer = ov.violation_pct / lrf15.violation_pct if lrf15.violation_pct else math.inf
-    lrf_txt = (
-        f"Largest-request-first admits fewer tasks than FIFO ({lrf125.admitted} vs "
-        f"{fifo125.admitted} at Pmin 1.25) at about the same utilisation: big tasks take "
-        "the room first."
-        if lrf125.admitted < fifo125.admitted
-        else f"Largest-request-first admits {lrf125.admitted} tasks vs {fifo125.admitted} "
-        "for FIFO at Pmin 1.25."
-    )
+    # Equal utilisation: Flex's FIFO curve read at 2x oversubscription's point, per seed.
+    fifo = [lb for lb in labels if fams[lb] == "flex-fifo"]
+    floor = 100.0 / steps  # one violating node-step: a ratio never divides by zero
+    fewer, adm_more, held_more = [], [], []
+    ov_sum = fx_sum = 0.0
+    for i in range(FLEX_SEEDS):
+        ov = res["oversub 2x"][i]
+        xs = [res[lb][i].utilisation for lb in fifo]
+        viol = _interp(ov.utilisation, xs, [res[lb][i].violation_pct for lb in fifo])
+        fewer.append(max(ov.violation_pct, floor) / max(viol, floor))
+        ov_sum += ov.violation_pct
+        fx_sum += viol
+        adm = _interp(ov.utilisation, xs, [float(res[lb][i].admitted) for lb in fifo])
+        adm_more.append(adm / res[lf][i].admitted - 1.0)
+        req = _interp(ov.utilisation, xs, [res[lb][i].requested for lb in fifo])
+        held_more.append(req / res[lf][i].requested - 1.0)
+    (fw, fwh), (am, amh), (hm, hmh) = mean_ci(fewer), mean_ci(adm_more), mean_ci(held_more)
+    pooled = ov_sum / max(fx_sum, floor)
+    wins = sum(1 for x in fewer if x > 1.0)
+    adm_wins = sum(1 for x in adm_more if x > 0)
+    # Equal parameters: Flex at Pmin 1 (alpha 0.99, the least conservative setting) and
+    # 2x oversubscription, each where it lands.
+    row = {r[0]: r for r in rows}
+    p1, o2 = row["flex FIFO Pmin 1"], row["oversub 2x"]
+    gain_pts = (p1[1] - o2[1]) * 100
+    p1_more = p1[3] > o2[3]
     return Outcome(
         name="flex",
         title="6. Flex: admission on requests vs on usage",
@@ -1362,10 +1461,12 @@ much runs; tasks wait up to 60 steps, the scheduler looks at the 50 oldest per s
   idle CPU and free memory), then the target's `admit` with its Flex state:
   P x usage estimate + request <= capacity, estimate by `PeakEstimator`
   (half-life 5 steps), P by `flex_update` each step (QoS target: no demand above
-  capacity), Pmin 1 to 2. FIFO or largest-request-first (within the 50-task window).
+  capacity; alpha {flex_config().alpha:g}, the published value), Pmin 1 to 2. FIFO or
+  largest-request-first (within the 50-task window).
 
-QoS violation: a node-step with CPU or memory demand above capacity. Spread: the
-standard deviation of node CPU usage over its mean.
+QoS violation: a node-step with CPU or memory demand above capacity ({steps:,}
+node-steps measured per run). Spread: the standard deviation of node CPU usage over
+its mean. Seeds {seeds[0]}-{seeds[-1]}: the table gives means and 95 % CIs.
 """,
         tables=[("flex", table)],
         figures=[
@@ -1376,35 +1477,43 @@ standard deviation of node CPU usage over its mean.
         ],
         findings=f"""
 **What it shows.** Admitting on requests wastes most of the machine: least-fit
-reaches {lf.utilisation:.0%} utilisation because tasks use a third of what they
-ask. Oversubscribing by 2x reaches {ov.utilisation:.0%} with {ov.violation_pct:.2f} %
-of node-time in violation, and the curve of request-based admission gets steep past
-that. Flex at the same utilisation (interpolated on its curve) has {fx_viol:.3f} %
-violations, **{fewer:.1f}x fewer** (closest run: {best.utilisation:.0%} with
-{best.violation_pct:.3f} %; largest-request-first at Pmin 1.5:
-{lrf15.utilisation:.0%} with {lrf15.violation_pct:.3f} %, {lrf_fewer:.1f}x fewer), and
-holds {more_held:+.0%} more requested work at once than least-fit (throughput over
-the run: the "admitted" column, bounded by the offered tasks). At about that
-utilisation Flex spreads usage
-{"more" if best.spread < ov.spread else "less"} evenly (std/mean {best.spread:.2f} vs
-{ov.spread:.2f} for 2x oversubscription): it places by measured headroom, not by
-requests. {lrf_txt} {low_txt}
+reaches {row[lf][1]:.0%} utilisation because tasks use a third of what they ask.
+Oversubscribing by 2x reaches {o2[1]:.0%} with {o2[3]:.2f} % of node-time in violation
+({o2[5]:.0f} node-steps a run).
+
+*At equal utilisation* (Flex's FIFO curve read at 2x oversubscription's utilisation,
+per seed): pooled over the seeds Flex has {pooled:.1f}x fewer violations, and fewer in
+{wins} of {FLEX_SEEDS} seeds; the per-seed ratio runs from {min(fewer):.1f}x to
+{max(fewer):.1f}x (mean {fw:.1f}x +- {fwh:.1f}). The Flex runs nearest that
+utilisation (Pmin 1.5) violate in {row["flex FIFO Pmin 1.5"][5]:.0f} node-steps of
+{steps:,} a run on average: the ratio rests on few events.
+
+*At equal parameters* the comparison reverses: Flex at Pmin 1 (its least
+conservative setting, alpha {flex_config().alpha:g}) runs at {p1[1]:.0%} utilisation,
+{gain_pts:.0f} points above 2x oversubscription, with {p1[3]:.1f} % violations,
+{"more" if p1_more else "fewer"} than 2x oversubscription's {o2[3]:.2f} %. Flex buys
+utilisation with violations unless Pmin is raised; its advantage is at equal
+utilisation only, and there {"in every seed" if wins == FLEX_SEEDS else "pooled, not seed by seed"}.
 
 **Versus the published result** (usage-aware admission reaches oversubscription's
 utilisation with about 3.7x fewer QoS violations and admits about 74 % more than
-least-fit): here {fewer:.1f}x fewer violations at 2x oversubscription's utilisation,
-and {more_held:+.0%} more requested work held at once ({admitted_more:+.0%} more tasks
-admitted over the run, which the offered load caps). The direction of both results
-holds; the factors depend on the workload and should not be expected to match: how far
-usage sits below requests (a third of the CPU request here) sets how much room
-admitting on usage finds, and how correlated tasks' bursts are (independent here, so a
-node's total is smoother than under production's correlated bursts and diurnal load)
-sets how many violations each extra admitted task costs.
+least-fit). Like for like, at 2x oversubscription's utilisation Flex admits
+{am:+.0%} (+-{amh:.0%}) more tasks than least-fit over the run (the offered load caps
+this figure), not 74 %; the requested work it holds at once is {hm:+.0%} (+-{hmh:.0%})
+above least-fit's, a different measure from the paper's. The direction of the
+admitted result holds in {adm_wins} of {FLEX_SEEDS} seeds and that of the violations
+{"too" if wins == FLEX_SEEDS else f"only pooled ({wins} of {FLEX_SEEDS} seeds)"}; the
+factors depend on the workload: how far usage sits below requests (a third
+of the CPU request here) sets how much room admitting on usage finds, and how
+correlated tasks' bursts are (independent here, so a node's total is smoother than
+under production's correlated bursts and diurnal load) sets how many violations each
+extra admitted task costs.
 """,
         checks={
-            "flex reaches 2x oversubscription's utilisation with fewer violations": fx_viol
-            < ov.violation_pct,
-            "flex holds more work than least-fit": more_held > 0,
+            "flex reaches 2x oversubscription's utilisation with fewer violations (pooled)": (
+                pooled > 1.0
+            ),
+            "flex admits more than least-fit at that utilisation": am > 0,
         },
     )
 
@@ -1772,6 +1881,15 @@ def gang(p: Params) -> Outcome:
     return gangsim.gang_outcome(p.out, p.nodes, p.tasks, p.seed)
 
 
+# ------------------------------------------------------------------ 12. hedge (issue 24)
+
+
+@_timed
+def hedge(p: Params) -> Outcome:
+    """Stragglers and speculative backups (`policy.hedge` on `sim.hedgesim`)."""
+    return hedgesim.hedge_outcome(p.out, p.nodes, p.tasks, p.seed)
+
+
 # ------------------------------------------------------------------ registry
 
 EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
@@ -1786,6 +1904,7 @@ EXPERIMENTS: dict[str, Callable[[Params], Outcome]] = {
     "locality": locality,
     "elastic": elastic,
     "gang": gang,
+    "hedge": hedge,
 }
 
 INTRO = """

@@ -70,7 +70,7 @@ def flex_config(p_min: float = 1.0) -> FlexConfig:
         p_init=max(1.5, p_min),
         p_min=p_min,
         p_max=max(16.0, p_min),
-        alpha=0.98,
+        alpha=0.99,
         psi_cpu_target=1.0,
         psi_mem_target=1.0,
     )
