@@ -229,7 +229,7 @@ class Placing:
         if not msgs:
             return []
         self.counters["placements"] += 1
-        self.counters["late_held"] = self.counters.get("late_held", 0) + 1
+        self.counters["late_held"] += 1
         peers = ", ".join(sorted(x.peer for x in msgs if isinstance(x, lb.Reserve)))
         rec = {
             "outcome": f"held here (late binding): no room now; reserved on {peers}:"

@@ -194,6 +194,7 @@ class NodeState(
             "requeued_dead": 0,
             "lost": 0,
             "preempted": 0,
+            "late_held": 0,  # placed by late binding: held here, reservations out
         }
 
     # ------------------------------------------------------------- stimuli
@@ -297,7 +298,8 @@ class NodeState(
             self.late.arrived(task.id)  # a task this node pulled has come
             cancels = self.late.forget(task.id)  # one held here starts here
             if cancels:
-                out.append(ev.SendLate(tuple(cancels)))
+                rec = {"outcome": "started here before a reserved peer pulled it (late binding)"}
+                out += [self.explain(task.id, rec, wall), ev.SendLate(tuple(cancels))]
         if task.spec.home != self.node and not task.spec.is_global:
             # The "running" report waits for the first retry tick (~0.5 s): a short task's
             # final report makes it unnecessary, which saves an RPC per short task.

@@ -177,11 +177,15 @@ class LateBinding:
     def reservations(self) -> int:
         return len(self._resv)
 
+    def next_wave(self) -> float | None:
+        """When the oldest pending second wave is due (None: none pending)."""
+        return next(iter(self._waves.values()), None)
+
     def next_deadline(self) -> float | None:
         """When `expire` next has something to do (a second wave, a hold's end)."""
         times = [h.deadline for h in self._held.values()][:1]
-        times += list(self._waves.values())[:1]
-        return min(times) if times else None
+        wave = self.next_wave()
+        return min([*times, wave]) if wave is not None else (times[0] if times else None)
 
     # ------------------------------------------------------------ holder side
 

@@ -47,12 +47,14 @@ class Driver(Protocol):
     io_counters: dict[str, int]
 
     def local_report(self) -> m.LoadReport: ...
+    def record_explain(self, tid: m.TaskId, rec: dict[str, Any]) -> None: ...
     def _spawn(self, fn: Any, *args: Any) -> None: ...
 
 
 class LateIO:
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
+        self._wave_timer = False  # a sleeper waits for the next second wave
 
     @property
     def late(self) -> lb.LateBinding | None:
@@ -63,22 +65,26 @@ class LateIO:
         d = self.driver
         if d.cluster is None:
             return
-        late = self.late
-        wave = False
         for x in msgs:
             if isinstance(x, lb.Reserve):
                 d._spawn(self._tell, x.peer, lb.RESERVE, x.task_id)
-                wave = True
             elif isinstance(x, lb.Cancel):
                 d._spawn(self._tell, x.peer, lb.CANCEL, x.task_id)
-        if wave and late is not None and late.cfg.stage > 0:
-            d._spawn(self._second_wave, late.cfg.stage)
+        late = self.late
+        if late is not None and late.next_wave() is not None and not self._wave_timer:
+            self._wave_timer = True
+            d._spawn(self._second_waves)
 
-    async def _second_wave(self, delay: float) -> None:
+    async def _second_waves(self) -> None:
         """The peers that did not look free are reserved `stage` after the first wave,
-        for tasks still held then (`LateBinding.expire`)."""
-        await trio.sleep(delay)
-        self.room()
+        for tasks still held then (`LateBinding.expire`, through `room`): one sleeper
+        while any second wave is pending."""
+        try:
+            while (late := self.late) is not None and (at := late.next_wave()) is not None:
+                await trio.sleep_until(at)
+                self.room()
+        finally:
+            self._wave_timer = False
 
     async def _tell(self, peer: m.NodeId, kind: str, tid: m.TaskId) -> None:
         d = self.driver
@@ -111,7 +117,7 @@ class LateIO:
                 p.holder, {"op": "late", "req": lb.msg_to_wire(lb.PULL, p.task_id)}, d.rpc_timeout
             )
             granted = raw.get("granted") is True
-        except (TransportError, RemoteError, wire.WireError, AttributeError):
+        except (TransportError, RemoteError, wire.WireError):
             granted = False
         self.late.on_pull_answer(d.clock.now(), p.holder, p.task_id, granted)
         if not granted:
@@ -147,5 +153,6 @@ class LateIO:
         if not any(isinstance(a, lb.Give) for a in acts) or not self._queued_here(tid):
             return {"granted": False}
         d.io_counters["late_pulled"] = d.io_counters.get("late_pulled", 0) + 1
+        d.record_explain(tid, {"outcome": f"pulled by {sender} (late binding): it had room"})
         d._spawn(d.transfers.push, tid, sender)
         return {"granted": True}

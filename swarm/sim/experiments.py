@@ -530,6 +530,7 @@ def load(p: Params) -> Outcome:
     # Run length: the headline cells with twice the tasks.
     hl = 0.9 if 0.9 in LOAD_U else LOAD_U[-2]
     lrows = []
+    jsq2 = {sd: _run(load_config("jsq", n, sd), hl * n, PARETO, 2 * count, sd) for sd in seeds}
     for c in (FULL, BEFORE):
         for k in (1, 2):
             xs, ys = [], []
@@ -538,7 +539,7 @@ def load(p: Params) -> Outcome:
                     r, j = runs[(c, hl, sd)], runs[("jsq", hl, sd)]
                 else:
                     r = _run(load_config(c, n, sd), hl * n, PARETO, k * count, sd)
-                    j = _run(load_config("jsq", n, sd), hl * n, PARETO, k * count, sd)
+                    j = jsq2[sd]
                 xs.append(r.mean / j.mean)
                 ys.append(r.p99 / j.p99)
             (m, mh), (q, qh) = mean_ci(xs), mean_ci(ys)
@@ -806,6 +807,7 @@ def _crossover(xs: Sequence[float], a: Sequence[float], b: Sequence[float]) -> f
 
 
 PROBE_COSTS = (0.0, 0.02)
+TRANSFER_COST = 0.1  # S a moved task is in flight
 # Where sender-initiated stops winning, with CPU-costly probes: periodic rounds (the
 # table's) against near event-driven ones, 5 seeds, on a finer grid.
 CROSS_U = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
@@ -841,7 +843,7 @@ def _transfer_cfg(
         net_delay=NET_DELAY,
         transfer=tc,
         tick=tick,
-        transfer_cost=0.1,
+        transfer_cost=TRANSFER_COST,
         probe_cpu=pc,
         seed=seed,
         warmup=20.0,
@@ -853,26 +855,14 @@ def transfer(p: Params) -> Outcome:
     """Sender- vs receiver-initiated vs adaptive transfer across load levels."""
     n = p.nodes or 32
     count = p.tasks or 4000
-    cost = 0.1
+    cost = TRANSFER_COST
     res: dict[tuple[str, float, float], SimResult] = {}
     for u in TRANSFER_U:
         for pc in PROBE_COSTS:
             for label, tc in TRANSFER_MODES:
                 if tc is None and pc > 0:
                     continue  # no transfer, no probes: the same run
-                cfg = SimConfig(
-                    nodes=uniform_nodes(n),
-                    placement=PowerOfD(0),
-                    origin=NODE,
-                    staleness=GOSSIP,
-                    net_delay=NET_DELAY,
-                    transfer=tc,
-                    tick=TICK,
-                    transfer_cost=cost,
-                    probe_cpu=pc,
-                    seed=p.seed,
-                    warmup=20.0,
-                )
+                cfg = _transfer_cfg(n, p.seed, tc, TICK, pc)
                 res[(label, pc, u)] = _run(cfg, u * n, EXPO, count, p.seed)
     modes = [lb for lb, tc in TRANSFER_MODES if tc is not None]
     rows = []

@@ -48,6 +48,7 @@ def test_busy_home_holds_tasks_and_idle_peers_pull_them(make_agent: AgentFactory
         assert sum(1 for h in t["history"] if h["dst"] == "running") == 1, t["history"]
     why = home.cli("explain", ids[0]).stdout
     assert "held here (late binding)" in why, why
+    assert "pulled by p" in why, why
     with home.client() as c:
         c.call("cancel", id=long)
 
@@ -67,7 +68,9 @@ def test_home_runs_its_held_task_when_its_own_slot_frees_first(
     (t,) = wait_all(home, [held], timeout=60)
     assert t["state"] == "succeeded" and t["node"] == "p1", (t["state"], t["node"])
     assert sum(1 for h in t["history"] if h["dst"] == "running") == 1
-    assert "held here (late binding)" in home.cli("explain", held).stdout
+    why = home.cli("explain", held).stdout
+    assert "held here (late binding)" in why, why
+    assert "started here before a reserved peer pulled it" in why, why
     with home.client() as c:
         for tid in busy:
             c.call("cancel", id=tid)

@@ -144,6 +144,8 @@ def test_late_binding_holds_a_task_at_a_busy_home_and_cancels_when_it_starts_the
     (send,) = [i for i in out if isinstance(i, ev.SendLate)]
     assert sorted(send.msgs, key=lambda x: x.peer) == [Cancel("B", "t6"), Cancel("C", "t6")]
     assert not a.state.late.is_held("t6")
+    assert a.state.explains["t6"][-1]["outcome"].startswith("started here before")
+    assert a.state.counters["late_held"] == 1
 
 
 def test_late_binding_leaves_data_and_gpu_tasks_to_placement() -> None:
