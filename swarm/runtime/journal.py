@@ -232,7 +232,19 @@ class Journal:
             )
         }
         active.sort(key=lambda t: (t.created_at, t.id))
-        return Recovered(active=active, kv=kv, procs=procs, shims=shims)
+        owed: list[m.Task] = []
+        guests = [k[len("guest:") :] for k in kv if k.startswith("guest:")]
+        for i in range(0, len(guests), 500):
+            chunk = guests[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            for (blob,) in self._rconn.execute(
+                f"SELECT record FROM tasks WHERE terminal=1 AND id IN ({marks})", chunk
+            ):
+                try:
+                    owed.append(decode_task(blob))
+                except wire.WireError as e:
+                    self.log.error("journal.bad_record", error=str(e))
+        return Recovered(active=active, kv=kv, procs=procs, shims=shims, owed=owed)
 
     # --------------------------------------------------------------- writing
 

@@ -298,6 +298,10 @@ class Recovered:
     procs: dict[m.TaskId, tuple[int, float]]
     # tasks started under a shim: (the task's pid, the shim's status directory)
     shims: dict[m.TaskId, tuple[int, str]] = attrs.field(factory=dict)
+    # finished tasks that still have a guest entry (their result not yet acknowledged
+    # by their home): the state machine must know they ended, e.g. to adopt the result
+    # rather than run the task again when that home turns out to be gone
+    owed: list[m.Task] = attrs.field(factory=list)
 
 
 def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:

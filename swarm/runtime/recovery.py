@@ -62,6 +62,8 @@ def recover(
         journal.enqueue([DelProc(tid)])
     ops.restore(rec.kv)
     table.load(rec.active)
+    for t in rec.owed:  # ended here, its result not yet acknowledged by its home
+        table.records.store(t)
     coord.restore(rec.kv)
     migrator.restore(rec.kv)
     if scaler is not None:
