@@ -94,6 +94,10 @@ DEP_ORDER = "no-child-before-its-parents"
 # one node, once: never at its home and at a puller both, nor at two pullers; a re-run
 # only after a kill or cut involving its nodes, as for any task
 LATE_ONCE = "late-held-task-ran-once"
+# issue 24, in the backups scenario: a backup copy is made only of an --idempotent
+# task, at most one per task, and ends; a result its original took from a backup
+# ("backup B finished first") is that backup's success
+BACKUP_SOUND = "backup-only-idempotent-once-and-ended"
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
@@ -272,8 +276,67 @@ def check_executed(
         j = journals.get(where)
         t = None if j is None else j.tasks.get(a.id)
         if t is not None and t.state is m.TaskState.SUCCEEDED and not marks.get(a.id):
-            out.append(Violation(EXECUTED, where, f"task {a.id} succeeded but never ran"))
+            bid = _won_by(t)  # its result is its backup's (issue 24): the backup ran
+            if bid is None or not marks.get(bid):
+                out.append(Violation(EXECUTED, where, f"task {a.id} succeeded but never ran"))
     return out
+
+
+def _won_by(t: m.Task) -> str | None:
+    """The backup whose result a task's record took (node/backups.py), if any."""
+    results = [h for h in t.history if h.dst.terminal and h.src is not h.dst]
+    if results and results[-1].cause.startswith("backup "):
+        parts = results[-1].cause.split()
+        return parts[1] if len(parts) > 1 else None
+    return None
+
+
+def check_backups(
+    journals: Mapping[str, JournalData],
+) -> tuple[list[Violation], Counter[str]]:
+    """Issue 24: BACKUP_SOUND over every home's journal, and what the backups did."""
+    out: list[Violation] = []
+    found: Counter[str] = Counter()
+    for node, j in sorted(journals.items()):
+        per_task: dict[str, list[m.Task]] = {}
+        for t in j.tasks.values():
+            if t.spec.backup_of and t.spec.home == node:
+                per_task.setdefault(t.spec.backup_of, []).append(t)
+        for oid, backups in sorted(per_task.items()):
+            found["backups"] += len(backups)
+            if len(backups) > 1:
+                ids = ", ".join(b.id for b in backups)
+                out.append(
+                    Violation(BACKUP_SOUND, node, f"task {oid}: {len(backups)} backups: {ids}")
+                )
+            o = j.tasks.get(oid)
+            if o is not None and not o.spec.idempotent:
+                out.append(
+                    Violation(
+                        BACKUP_SOUND, node, f"task {oid} is not --idempotent but got a backup"
+                    )
+                )
+            for b in backups:
+                if not b.state.terminal:
+                    what = f"backup {b.id} of {oid} never ended: {b.state.value} on {b.node}"
+                    out.append(Violation(BACKUP_SOUND, node, what))
+            if o is None or not o.state.terminal:
+                continue
+            bid = _won_by(o)
+            if bid is not None:
+                b = j.tasks.get(bid)
+                if b is None or b.state is not m.TaskState.SUCCEEDED or b.spec.backup_of != oid:
+                    what = (
+                        f"task {oid} took its result from {bid}, not a backup of it that succeeded"
+                    )
+                    out.append(Violation(BACKUP_SOUND, node, what))
+                else:
+                    found["won"] += 1
+            elif any(b.state is m.TaskState.SUCCEEDED for b in backups):
+                found["both_finished"] += 1
+            else:
+                found["original_won"] += 1
+    return out, found
 
 
 def duplicate_executions(acked: Iterable[Acked], marks: Mapping[str, Sequence[str]]) -> int:

@@ -27,7 +27,16 @@ from . import faults as fl
 from . import invariants as inv
 from .cluster import ChaosCluster, label_args
 from .journals import JournalData, JournalMissing, read_journal
-from .schedule import FaultPlan, Plan, Scenario, make_plan, node_labels, restarts_only
+from .schedule import (
+    BACKUP_BUDGET,
+    BACKUP_HISTORY,
+    FaultPlan,
+    Plan,
+    Scenario,
+    make_plan,
+    node_labels,
+    restarts_only,
+)
 from .workload import Workload, read_executions, read_marks, read_spans
 
 TMPFS_MB = 24
@@ -180,6 +189,8 @@ class Runner:
             args += ["--keep-tasks", sc.keep_tasks]
         if sc.late_binding:
             args += ["--late-binding", str(sc.late_binding)]
+        if sc.backups:
+            args += ["--backup-history", str(BACKUP_HISTORY), "--backup-budget", str(BACKUP_BUDGET)]
         if sc.profile is not None:  # after the base flags: it overrides `local`
             args += ["--profile", sc.profile]
         if self.elastic is not None:
@@ -482,6 +493,8 @@ class Runner:
             violations += self._group_checks(journals, acked)
         if self.sc.late_binding:
             violations += self._late_checks(cl, journals, specs)
+        if self.sc.backups:
+            violations += self._backup_checks(journals)
         # a task a lost home accepted with fewer copies than wanted (no replica
         # answered in time: `replica.short` in its log) may be known to no survivor
         short = {
@@ -633,6 +646,18 @@ class Runner:
             f"late binding: {f['held']} tasks held at their homes; {f['pulled']} pulled by a "
             f"peer, {f['at_home']} ran at home, {f['never_ran']} never ran (cancelled or "
             f"lost); {f['reruns_explained']} re-runs, each after a kill or cut"
+        )
+        return out
+
+    def _backup_checks(self, journals: Mapping[str, JournalData]) -> list[inv.Violation]:
+        """Issue 24: backups only of --idempotent tasks, one each, each ended; a result
+        taken from a backup is that backup's success."""
+        out, f = inv.check_backups(journals)
+        self.result.notes.append(
+            f"backups: {self.wl.kinds['idempotent']} --idempotent tasks acknowledged;"
+            f" {f['backups']} backups started, {f['won']} finished first (their original"
+            f" stopped), {f['original_won']} stopped or failed as their original ended"
+            f" first, {f['both_finished']} finished just after it"
         )
         return out
 

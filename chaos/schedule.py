@@ -53,6 +53,9 @@ class Scenario:
     gangs: int = 0  # issue 22: this many gangs of 3 (2 in 3 strict), spread over the run
     groups: int = 0  # issue 23: this many arrays, each followed by dependent tasks
     late_binding: int = 0  # issue 24: agents' --late-binding (0: off)
+    # issue 24: this many --idempotent tasks (some 6x slower on n1, the straggler node) and
+    # agents that back a late one up after BACKUP_HISTORY runs of its class
+    backups: int = 0
     description: str = ""
 
 
@@ -83,6 +86,7 @@ class SubmitPlan:
     node: int
     kind: (
         str  # plain | weighted | reserved | no-retry | at-most-once | cancel | migratable | global
+        # | idempotent (issue 24) | ...
     )
     seconds: float  # how long the task sleeps
     weight: float | None = None
@@ -322,6 +326,23 @@ def canary_burst(sc: Scenario) -> tuple[list[SubmitPlan], list[DrainPlan]]:
     return burst, [*others, DrainPlan(1, 1.6, until)]
 
 
+BACKUP_HISTORY = 5  # agents' --backup-history in a scenario with backups
+BACKUP_BUDGET = 0.5  # ... and --backup-budget (a short run earns little budget)
+
+
+def backup_workload(sc: Scenario, seed: int) -> list[SubmitPlan]:
+    """`sc.backups` --idempotent tasks at random nodes over the run (kind `idempotent`,
+    all of one class: their name), so that every home has a history of them early."""
+    rng = random.Random(f"{sc.name}:{seed}:backups")
+    span = max(1.0, sc.duration - 4.0)
+    out = []
+    for _ in range(sc.backups):
+        at = rng.uniform(0.5, span)
+        secs = round(rng.uniform(*sc.task_seconds), 2)
+        out.append(SubmitPlan(at, rng.randint(1, sc.nodes), "idempotent", secs))
+    return out
+
+
 def make_plan(sc: Scenario, seed: int, available: Sequence[str] | None = None) -> Plan:
     """The whole plan of a run; fault kinds not in `available` (e.g. network faults
     without root) are left out."""
@@ -342,4 +363,6 @@ def make_plan(sc: Scenario, seed: int, available: Sequence[str] | None = None) -
         submits = sorted([*submits, *gang_workload(sc, seed)], key=lambda s: s.at)
     if sc.groups:
         submits = sorted([*submits, *group_workload(sc, seed)], key=lambda s: s.at)
+    if sc.backups:
+        submits = sorted([*submits, *backup_workload(sc, seed)], key=lambda s: s.at)
     return Plan(tuple(faults), tuple(drain_plan), tuple(submits))

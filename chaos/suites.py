@@ -141,6 +141,13 @@ FULL: tuple[Scenario, ...] = (
           faults=("kill", "pause"), faults2=("isolate", "split"), hold=(3.0, 8.0),
           description="late binding: busy homes hold tasks, peers with room pull them, "
           "under kills, freezes and cuts: a held task runs on one node, once"),
+    # issue 24, appended: --idempotent tasks, a quarter of those on n1 6x slower; a late
+    # one gets a backup on another node, and freezes and cuts make runs look late too
+    _full("backups", backups=80, task_seconds=(0.5, 2.0), faults=("pause", "kill"),
+          faults2=("isolate",), hold=(3.0, 8.0),
+          description="speculative backups: --idempotent tasks, slow on one node, under "
+          "freezes, kills and cuts: backups only of them, one each, the first to finish "
+          "gives the one result"),
 )  # fmt: skip
 
 SMOKE: tuple[Scenario, ...] = (

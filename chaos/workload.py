@@ -34,6 +34,20 @@ def task_argv(marks: Path, seconds: float) -> list[str]:
     return ["sh", "-c", f'echo "$SWARM_NODE $SWARM_ATTEMPT" >> {mark}; sleep {seconds}']
 
 
+SLOW_NODE = "n1"  # kind `idempotent`: a quarter of its runs there take 6x as long
+
+
+def idempotent_task_argv(marks: Path, seconds: float) -> list[str]:
+    """An --idempotent task: a mark, then a sleep, 6x as long in a quarter of its runs
+    on SLOW_NODE (by the shell's pid): about 5 % of all runs straggle, as in LATE's and
+    Dolly's clusters; were every run there slow, a fifth of the class's runtimes would
+    be slow and its 90th percentile a straggler's."""
+    mark = shlex.quote(str(marks)) + '/"$SWARM_TASK_ID"'
+    slow = f'if [ "$SWARM_NODE" = {SLOW_NODE} ] && [ $(($$ % 4)) -eq 0 ]; '
+    slow += f"then sleep {6 * seconds:g}; else sleep {seconds}; fi"
+    return ["sh", "-c", f'echo "$SWARM_NODE $SWARM_ATTEMPT" >> {mark}; {slow}']
+
+
 def timed_task_argv(marks: Path, seconds: float) -> list[str]:
     """The task of the priority scenario: a mark with the wall time and the shell's pid
     when it starts, when it ends, and when it is stopped (SIGTERM/SIGINT: a preemption,
@@ -184,6 +198,9 @@ class Workload:
         if sp.kind == "at-most-once":
             extra["at_most_once"] = True
             argv = beat_task_argv(self.marks, sp.seconds)
+        if sp.kind == "idempotent":  # issue 24: may get a backup
+            extra["idempotent"] = True
+            argv = idempotent_task_argv(self.marks, sp.seconds)
         if sp.array:  # issue 23: {index} in argv, its elements leave marks as tasks do
             extra["array"] = sp.array
         if sp.kind == "after":

@@ -183,6 +183,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         extra["after"] = list(args.after)  # ID[INDEX] kept: the agent checks the index
     if args.at_most_once:
         extra["at_most_once"] = True
+    if args.idempotent:
+        extra["idempotent"] = True
     if args.gang is not None:
         extra.update(gang=args.gang, gang_mode=args.gang_mode, min_available=args.min_available)
         extra.update(gang_timeout=args.gang_timeout, gang_restart=args.gang_restart or None)
@@ -882,6 +884,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never two copies running at once: a runner cut off from the task's home"
         " stops it when its lease lapses (docs/handoff.md)",
+    )
+    s.add_argument(
+        "--idempotent",
+        action="store_true",
+        help="it may run twice: a run far past its class's usual runtime gets a backup copy"
+        " on another node, and the first to finish wins (docs/policy.md)",
     )
     s.add_argument(
         "--reserve-shares", type=int, default=0, metavar="N", help="shares reserved while it runs"

@@ -98,6 +98,8 @@ def _spec_to_wire(s: m.TaskSpec) -> dict[str, Any]:
         **({"array": s.array} if s.array else {}),
         **({"after": list(s.after)} if s.after else {}),
         **({"element": attrs.asdict(s.element)} if s.element is not None else {}),
+        **({"idempotent": True} if s.idempotent else {}),
+        **({"backup_of": s.backup_of} if s.backup_of else {}),
     }
 
 
@@ -147,6 +149,8 @@ def task_spec_from_wire(obj: Any) -> m.TaskSpec:
         array=_array_text(f.str("array", "", max_len=4096), "task"),
         element=f.nested("element", array_role_from_wire),
         after=_after(f.str_list("after", max_items=64), "task"),
+        idempotent=f.bool("idempotent", False),
+        backup_of=f.task_id("backup_of", "") or "",
     )
     f.done()
     return spec

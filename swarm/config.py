@@ -120,6 +120,8 @@ class Config:
     metrics: str | None
     placement_d: int
     late_binding: int
+    backup_budget: float
+    backup_history: int
     allow_root_tasks: bool
     isolation: str
     log_format: str

@@ -229,6 +229,10 @@ class TaskSpec:
     # issue 23: wait at the home until these `--after` clauses hold (COND:ID[,ID...],
     # every parent a task id, resolved at submit: node/depends.py)
     after: tuple[str, ...] = ()
+    # issue 24: it may run twice (`--idempotent`), so a late run may get a backup copy;
+    # a backup's own record names the task it backs up (node/backups.py)
+    idempotent: bool = False
+    backup_of: TaskId = ""
 
 
 def same_submission(a: TaskSpec, b: TaskSpec) -> bool:

@@ -154,6 +154,22 @@ OPTIONS: tuple[Option, ...] = (
         _non_negative,
     ),
     Option(
+        "backup-budget",
+        "float",
+        0.05,
+        "speculative backups of late --idempotent tasks: their task-seconds at most this"
+        " fraction of the finished work's (0 = no backups)",
+        _fraction,
+    ),
+    Option(
+        "backup-history",
+        "int",
+        20,
+        "runs of a class (array, --name or program) that must have ended before one of"
+        " its runs can count as late and get a backup",
+        _positive,
+    ),
+    Option(
         "placement",
         "str",
         "two-choice",

@@ -156,6 +156,7 @@ def submit_spec(
         gang=f.nested("gang", lambda o: codec.gang_request_from_wire(o, "submit: gang")),
         array=_array(f.str("array", None, max_len=4096), array_max),
         after=_after(f.str_list("after", max_items=64)),
+        idempotent=f.bool("idempotent", False),
     )
     f.done()
     if spec.gang is not None:
@@ -165,6 +166,11 @@ def submit_spec(
     if spec.at_most_once and spec.is_global:
         raise wire.SchemaError(
             "submit: at_most_once does not apply to a global task (one copy runs on every node)"
+        )
+    if spec.idempotent and (spec.at_most_once or spec.is_global or spec.gang is not None):
+        what = "--at-most-once" if spec.at_most_once else "--global" if spec.is_global else "--gang"
+        raise wire.SchemaError(
+            f"submit: --idempotent (it may run twice, as a backup) does not combine with {what}"
         )
     return spec
 

@@ -105,6 +105,7 @@ class Report:
     signal: int | None = None
     reason: str = ""
     at: float = 0.0
+    started: float = 0.0  # a final report: when its run started (runner's clock; 0 unknown)
 
     @property
     def final(self) -> bool:
@@ -152,6 +153,8 @@ def request_to_wire(r: Request) -> dict[str, Any]:
         d.update(seq=r.seq, moving=r.moving)
     elif isinstance(r, Report):
         d.update(state=r.state, exit_code=r.exit_code, signal=r.signal, reason=r.reason, at=r.at)
+        if r.started:
+            d["started"] = r.started
     return d
 
 
@@ -189,6 +192,7 @@ def request_from_wire(obj: Any) -> Request:
             signal=f.int("signal"),
             reason=f.str("reason", "", max_len=65536),
             at=f.float("at", 0.0),
+            started=f.float("started", 0.0),
         )
     else:
         raise wire.SchemaError(f"handoff request: unknown kind {kind!r}")

@@ -206,7 +206,11 @@ class Arrays:
 
     def _elements_of(self, tid: m.TaskId) -> list[m.Task]:
         found = list(self.records.active.values()) + list(self.records.finished.values())
-        return [t for t in found if t.spec.element is not None and t.spec.element.array == tid]
+        return [
+            t
+            for t in found
+            if t.spec.element is not None and t.spec.element.array == tid and not t.spec.backup_of
+        ]
 
     @staticmethod
     def _rank_after(spec: ap.ArraySpec, index: int) -> int:

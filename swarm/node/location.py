@@ -89,6 +89,8 @@ class Location:
         def replica_update(self, tid: m.TaskId) -> list[ev.Instruction]:
             raise NotImplementedError
 
+        def hedge_ran(self, t: m.Task, seconds: float) -> None: ...
+
     # ------------------------------------------------------------ handoff
 
     def apply(
@@ -149,6 +151,10 @@ class Location:
     def on_committed(self, o: h.Committed, now: float, wall: float) -> list[ev.Instruction]:
         t = self.records.active.get(o.task_id)
         if t is None:
+            if o.task_id in self.pending_cancel and o.node != self.node:
+                # its record ended while the offer was out (its backup won: backups.py)
+                self.pending_cancel.discard(o.task_id)
+                return self.apply(self.home.cancel(o.task_id, now), [o.task_id], now, wall)
             return []
         out: list[ev.Instruction] = []
         if o.node == self.node:  # the task came back home
@@ -178,6 +184,7 @@ class Location:
         t = self.records.active.get(o.task_id)
         self.counters["offers_refused" if o.refused else "offers_failed"] += 1
         if t is None:
+            self.pending_cancel.discard(o.task_id)
             return []
         out: list[ev.Instruction] = []
         e = self.home.entries.get(o.task_id)
@@ -232,6 +239,8 @@ class Location:
             out.append(self._change(t.id, S.RUNNING, wall, f"started on {o.node}", node=o.node)[1])
         if not r.final:
             return out
+        if r.state == "succeeded" and r.started:
+            self.hedge_ran(t, r.at - r.started)  # the runner's clock: its run's length
         self.fence_ended(t.id)
         self.pending_cancel.discard(t.id)
         _, rec = self._change(

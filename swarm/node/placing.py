@@ -72,6 +72,10 @@ class Placing:
         def local_report(self, wall: float) -> m.LoadReport:
             raise NotImplementedError
 
+        def backup_avoid(self, spec: m.TaskSpec) -> frozenset[m.NodeId]: ...
+
+        def backup_watch(self, t: m.Task, now: float) -> list[ev.Instruction]: ...
+
         def admit_here(self, spec: m.TaskSpec) -> pl.Admission:
             raise NotImplementedError
 
@@ -110,9 +114,14 @@ class Placing:
         local = self.local_report(wall)
         if spec.constraints and "ignore-constraints" in self.breaks:
             spec = attrs.evolve(spec, constraints=())  # TEST-ONLY: chaos self-test
+        d = self.d
+        if spec.idempotent:  # never where its other copy is (backups.py)
+            exclude = exclude | self.backup_avoid(spec)
+            if spec.backup_of:  # a backup is worth something only where it starts now
+                d = max(d, len(self.view))
         return decide.choose(
             self.placement_rule,
-            self.d,
+            d,
             spec,
             local,
             self.view,
@@ -192,22 +201,23 @@ class Placing:
             return []
         first: pl.Placement | None = None
         t = self.records.active.get(tid)
+        watch = self.backup_watch(t, now) if t is not None and t.spec.idempotent else []
         if t is not None and self.placeable(t) and self.fence_hold(t, now) is None:
             held = self._late_hold(t, now, wall)
             if held:
-                return held
+                return watch + held
             first = self.choose(t.spec, now, wall)
             if first.target == self.node and not t.spec.data:
                 adm = self.admit_here(t.spec)
                 if adm.ok:
                     self.counters["placements"] += 1
-                    return self._run_here(t, first, adm, now, wall)
+                    return watch + self._run_here(t, first, adm, now, wall)
                 first = None  # refused here: the job chooses again (and records a refusal)
                 if adm.reason.startswith(NO_CWD):
                     self.jobs[tid] = Job(no_cwd={self.node})
         self.jobs.setdefault(tid, Job(first=first))
         later = self.step(tid, now, wall)
-        return [ev.Later(tuple(later))] if later else []
+        return [*watch, ev.Later(tuple(later))] if later else watch
 
     def _late_hold(self, t: m.Task, now: float, wall: float) -> list[ev.Instruction]:
         """Late binding (policy/latebind.py): no room here now, so the task waits in
@@ -218,6 +228,7 @@ class Placing:
         spec = t.spec
         if (
             self.late is None
+            or spec.backup_of  # a backup goes where it starts now, or nowhere
             or spec.data
             or spec.gpu is not None
             or (spec.job and (spec.spread or spec.anti_affinity))

@@ -30,12 +30,14 @@ from ..policy import gpu as gpupol
 from ..policy import load as loadpol
 from ..policy import placement as pl
 from ..policy import shares as sh
+from ..policy.hedge import HedgeConfig
 from ..policy.latebind import LateBinding, LateConfig
 from ..policy.sharing import Sharing
 from ..policy.view import LoadView
 from . import events as ev
 from . import gate
 from .arrays import Arrays
+from .backups import Backups
 from .depends import Depends
 from .failover import Failover
 from .fencing import FENCE_TTL, FENCED, Fencing, RunnerLease
@@ -81,6 +83,7 @@ class Settings:
         factory=gangp.Timers
     )  # issue 22: holds, run leases (gangs.py)
     late: LateConfig | None = None  # issue 24: late binding (None: off; placing.py)
+    hedge: HedgeConfig | None = None  # issue 24: backups of late --idempotent runs (backups.py)
 
 
 class NodeState(
@@ -89,6 +92,7 @@ class NodeState(
     Fencing,
     Gangs,
     Arrays,
+    Backups,
     Depends,
     Replicas,
     LoadState,
@@ -128,6 +132,7 @@ class NodeState(
         self.fence_ttl = settings.fence_ttl
         self.init_gangs(settings.gang_timers)
         self.init_arrays()
+        self.init_backups(settings.hedge)
         self.init_depends()
         self.fence_leases: dict[m.TaskId, RunnerLease] = {}
         self.fence_granted: dict[m.TaskId, float] = {}  # home side: last grant (our now)
@@ -195,6 +200,9 @@ class NodeState(
             "lost": 0,
             "preempted": 0,
             "late_held": 0,  # placed by late binding: held here, reservations out
+            "backups": 0,  # backup copies started (backups.py)
+            "backups_won": 0,  # ... that finished first: the original was stopped
+            "backups_lost": 0,  # ... stopped because the original ended first
         }
 
     # ------------------------------------------------------------- stimuli
@@ -336,6 +344,12 @@ class NodeState(
         out += self.gang_member_ended(task, now, wall)
         out += self.array_element_ended(task, now, wall)
         out += self.replica_update(task.id)  # ended at its home: its copies go at once
+        if (
+            task.state is S.SUCCEEDED
+            and task.spec.home == self.node
+            and task.started_at is not None
+        ):
+            self.hedge_ran(task, (task.finished_at or wall) - task.started_at)
         self.fence_leases.pop(task.id, None)
         if task.spec.home != self.node and not task.spec.is_global:
             fenced = task.state is S.LOST and task.reason.startswith(FENCED)
@@ -347,6 +361,7 @@ class NodeState(
                 signal=task.signal,
                 reason=task.reason,
                 at=wall,
+                started=task.started_at or 0.0,
             )
             outs = self.guest.finished(rep, now)
             out.append(ev.Later(tuple(self.apply(outs, [task.id], now, wall))))

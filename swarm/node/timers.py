@@ -37,6 +37,7 @@ class Timers:
     quota_epoch: int
     quota_memo: dict[str, tuple[int, str]]
     gang_coords: dict[m.TaskId, Any]
+    hedger: Any  # backups.py (None: off)
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
@@ -48,6 +49,7 @@ class Timers:
         def array_tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
         def array_fill(self, now: float, wall: float) -> list[ev.Instruction]: ...
         def deps_tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
+        def backup_tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
         def gang_view_changed(self, now: float, wall: float) -> list[ev.Instruction]: ...
 
     def start_timers(self, now: float) -> list[ev.Instruction]:
@@ -62,6 +64,8 @@ class Timers:
             self.due["transfer"] = now + self.transfer_interval
         if self.migration_period is not None:
             self.due["migration"] = now + self.migration_period
+        if self.hedger is not None:  # the open backup races found again after a restart
+            self.due["backups"] = now
         return [ev.WakeAt(min(self.due.values()))]
 
     def wake_all(self, now: float, wall: float) -> list[ev.Instruction]:
@@ -97,6 +101,8 @@ class Timers:
             out += self.array_fill(now, wall)
         if "deps" in due and now >= due["deps"]:
             out += self.deps_tick(now, wall)
+        if "backups" in due and now >= due["backups"]:
+            out += self.backup_tick(now, wall)
         for tid in list(self.jobs):
             out += self.step(tid, now, wall)
         if due:

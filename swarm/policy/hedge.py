@@ -16,10 +16,13 @@ running tasks should get a backup now, and reports what each backup cost.
 from __future__ import annotations
 
 import math
+import posixpath
 from collections import deque
 from collections.abc import Iterable
 
 import attrs
+
+from ..model import TaskSpec
 
 
 @attrs.frozen
@@ -29,6 +32,7 @@ class HedgeConfig:
     history: int = 512  # runtimes kept per class (the newest)
     budget: float = 0.05  # backup task-seconds / task-seconds of finished work
     slack: float = 1.2  # late = past slack x the quantile (a margin over its noise)
+    max_classes: int = 4096  # classes with a history (the oldest dropped past this)
 
     def __attrs_post_init__(self) -> None:
         if not 0.5 <= self.quantile < 1.0:
@@ -37,6 +41,21 @@ class HedgeConfig:
             raise ValueError("hedge: need 1 <= min_history <= history")
         if not 0.0 <= self.budget <= 1.0 or self.slack < 1.0:
             raise ValueError("hedge: budget in [0, 1] and slack >= 1")
+        if self.max_classes < 1:
+            raise ValueError("hedge: max_classes >= 1")
+
+
+def task_class(spec: TaskSpec) -> str:
+    """The class whose runtimes say when `spec`'s run is late: its array's elements, or
+    else its user's tasks of the same `--name`, or else of the same program (argv[0]).
+    A backup keeps its original's class (its spec keeps the element and name)."""
+    if spec.element is not None:
+        what = "array " + spec.element.array
+    elif spec.name:
+        what = "name " + spec.name
+    else:
+        what = "program " + posixpath.basename(spec.argv[0])
+    return f"{what} of uid {spec.uid}"
 
 
 @attrs.frozen
@@ -101,6 +120,10 @@ class Hedger:
         joins the class's history and its task-seconds earn budget."""
         q = self._runtimes.get(cls)
         if q is None:
+            while len(self._runtimes) >= self.cfg.max_classes:
+                old = next(iter(self._runtimes))
+                del self._runtimes[old]
+                self._cut.pop(old, None)
             q = self._runtimes[cls] = deque(maxlen=self.cfg.history)
         q.append(max(0.0, runtime))
         self._cut.pop(cls, None)
@@ -112,6 +135,10 @@ class Hedger:
         budget either way."""
         self._pending.pop(task_id, None)
         self._count(backup_seconds=max(0.0, seconds), won=int(won), lost=int(not won))
+
+    def history(self, cls: str) -> int:
+        """Runtimes of `cls` known (for explain)."""
+        return len(self._runtimes.get(cls, ()))
 
     def budget_left(self) -> float:
         """Backup task-seconds the budget still allows, backups running counted at

@@ -25,6 +25,7 @@ from ..node.state import Settings
 from ..policy import datakeys
 from ..policy import gpu as gpupol
 from ..policy.constraints import merge_labels
+from ..policy.hedge import HedgeConfig
 from ..policy.latebind import LateConfig
 from ..policy.shares import ShareLedger
 from . import exechelper, hostfacts, recovery, shim
@@ -265,6 +266,13 @@ def late_config(d: int, profile: Profile) -> LateConfig | None:
     return LateConfig(d=d, sample=2 * d, stage=profile.late_stage, hold=profile.late_hold)
 
 
+def hedge_config(budget: float, history: int) -> HedgeConfig | None:
+    """`--backup-budget F --backup-history N` (node/backups.py; None: no backups)."""
+    if budget <= 0:
+        return None
+    return HedgeConfig(budget=budget, min_history=history, history=max(512, history))
+
+
 def driver(
     config: Config,
     profile: Profile,
@@ -286,6 +294,7 @@ def driver(
     settings = Settings(
         placement_d=config.placement_d,
         late=late_config(config.late_binding, profile),
+        hedge=hedge_config(config.backup_budget, config.backup_history),
         placement_rule=config.placement,
         gpu_policy=config.gpu_policy,
         psi_target=config.qos_psi_target,

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from chaos import invariants as inv
+from chaos.invariants import Acked
 from chaos.journals import JournalData, TransitionEvent
 from chaos.schedule import make_plan
 from chaos.suites import find
@@ -244,3 +245,48 @@ def test_late_binding_a_held_task_run_twice_needs_a_fault_to_explain_it() -> Non
     assert out == [] and f["pulled"] == 1
     out, f = inv.check_late_binding({}, journals, homes, [])
     assert out == [] and f["never_ran"] == 1
+
+
+def test_backups_check_on_synthetic_journals() -> None:
+    """Issue 24's check (`backup-only-idempotent-once-and-ended`): a backup of a task
+    not marked --idempotent, a second backup, a backup still running, and a result
+    taken from a backup that failed are each named; a sound race passes."""
+    S = m.TaskState
+
+    def done(t: m.Task, state: m.TaskState, cause: str, node: str = "n2") -> m.Task:
+        t = m.transition(t, S.RUNNING, 1.0, "started", node=node)
+        return m.transition(t, state, 2.0, cause, exit_code=0 if state is S.SUCCEEDED else 1)
+
+    def task(tid: str, idem: bool = True, of: str = "") -> m.Task:
+        spec = m.TaskSpec(id=tid, argv=("x",), home="n1", idempotent=idem, backup_of=of)
+        return m.new_task(spec, 0.0, "n1")
+
+    o = done(task("o1"), S.SUCCEEDED, "backup b1 finished first on n2: its result", "n2")
+    b = done(task("b1", of="o1"), S.SUCCEEDED, "exited 0")
+    sound = JournalData("n1", {"o1": o, "b1": b}, (), ())
+    out, f = inv.check_backups({"n1": sound})
+    assert out == [] and f["backups"] == 1 and f["won"] == 1
+    plain = done(task("o2", idem=False), S.SUCCEEDED, "exited 0", "n1")
+    twice = [task("b2", of="o2"), done(task("b3", of="o2"), S.FAILED, "exited 1")]
+    lied = done(task("o3"), S.SUCCEEDED, "backup b4 finished first on n2: its result")
+    b4 = done(task("b4", of="o3"), S.FAILED, "exited 1")
+    bad = JournalData(
+        "n1",
+        {t.id: t for t in (plain, *twice, lied, b4)},
+        (),
+        (),
+    )
+    out, _ = inv.check_backups({"n1": bad})
+    details = " | ".join(v.detail for v in out)
+    assert {v.invariant for v in out} == {inv.BACKUP_SOUND}
+    assert "o2: 2 backups" in details and "o2 is not --idempotent" in details
+    assert "backup b2 of o2 never ended" in details and "o3 took its result from b4" in details
+    # a result taken from a backup is backed by the backup's execution
+    acked = [inv_acked("o1")]
+    assert inv.check_executed(acked, {"n1": sound}, {"b1": ["n2 1"]}) == []
+    [v] = inv.check_executed(acked, {"n1": sound}, {})
+    assert v.invariant == inv.EXECUTED
+
+
+def inv_acked(tid: str) -> Acked:
+    return Acked(tid, "n1", False, (), False, 0, True)
