@@ -18,6 +18,7 @@ import attrs
 
 from swarm import model as m
 from swarm.cluster.actor import bound_double_action as bound_double_action
+from swarm.node.backups import won_by
 from swarm.policy.constraints import Constraint, ConstraintError, parse_constraints, unmet
 
 from .journals import JournalData, ScaleEvent, SharesEvent, TransitionEvent
@@ -276,19 +277,10 @@ def check_executed(
         j = journals.get(where)
         t = None if j is None else j.tasks.get(a.id)
         if t is not None and t.state is m.TaskState.SUCCEEDED and not marks.get(a.id):
-            bid = _won_by(t)  # its result is its backup's (issue 24): the backup ran
+            bid = won_by(t)  # its result is its backup's (issue 24): the backup ran
             if bid is None or not marks.get(bid):
                 out.append(Violation(EXECUTED, where, f"task {a.id} succeeded but never ran"))
     return out
-
-
-def _won_by(t: m.Task) -> str | None:
-    """The backup whose result a task's record took (node/backups.py), if any."""
-    results = [h for h in t.history if h.dst.terminal and h.src is not h.dst]
-    if results and results[-1].cause.startswith("backup "):
-        parts = results[-1].cause.split()
-        return parts[1] if len(parts) > 1 else None
-    return None
 
 
 def check_backups(
@@ -322,7 +314,7 @@ def check_backups(
                     out.append(Violation(BACKUP_SOUND, node, what))
             if o is None or not o.state.terminal:
                 continue
-            bid = _won_by(o)
+            bid = won_by(o)
             if bid is not None:
                 b = j.tasks.get(bid)
                 if b is None or b.state is not m.TaskState.SUCCEEDED or b.spec.backup_of != oid:

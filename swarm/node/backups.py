@@ -34,6 +34,7 @@ deduplicated, not prevented), so backups give it nothing new.
 from __future__ import annotations
 
 import random
+import re
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -47,6 +48,18 @@ from . import events as ev
 
 S = m.TaskState
 TICK = 0.25  # seconds between looks at the open pairs and the running idempotent tasks
+WON = "backup {} finished first on {}: its result; this run stopped"  # the original's cause
+_WON = re.compile(r"backup (\S+) finished first on ")
+
+
+def won_by(t: m.Task) -> m.TaskId | None:
+    """The backup whose result `t`'s record took, if any: its output (`swarm logs`,
+    an Executor's result) is that backup's."""
+    for step in reversed(t.history):
+        if step.dst.terminal and step.src is not step.dst:
+            found = _WON.match(step.cause)
+            return found.group(1) if found else None
+    return None
 
 
 class Backups:
@@ -256,7 +269,7 @@ class Backups:
             out += self._unqueue(o.id)
         if o.state not in (S.RUNNING, S.MIGRATING):  # waiting to run again: ran as b
             out.append(self._change(o.id, S.RUNNING, wall, f"ran as backup {b.id}", node=b.node)[1])
-        cause = f"backup {b.id} finished first on {b.node}: its result; this run stopped"
+        cause = WON.format(b.id, b.node)
         _, rec = self._change(
             o.id, S.SUCCEEDED, wall, cause, durable=True, node=b.node, exit_code=0
         )

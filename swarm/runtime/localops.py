@@ -20,6 +20,7 @@ import trio
 from .. import codec, request_checks, testbreak, wire
 from .. import model as m
 from ..logs import EventLog
+from ..node.backups import won_by
 from ..policy import feasible
 from ..policy.shares import ShareLedger
 from .api import Ops, PeerCred, RequestError
@@ -386,6 +387,10 @@ class LocalOps(ExplainOps, GroupOps):
                 else f"an array: its elements' logs are {t.id.partition('~')[0]}[INDEX]"
             )
             raise RequestError("invalid", f"logs: {t.id} is {what}")
+        backup = won_by(t)
+        if backup is not None:  # its result is its backup's, and so is its output
+            t = await self.access.find(backup)
+            self.access.authorize(t, cred)
         where = t.node or self.node
         if where == self.node or t.spec.is_global:
             out, err = self.runner.log_paths(t.id)

@@ -33,7 +33,8 @@ def _command(flag: Path) -> list[str]:
     return [
         "sh",
         "-c",
-        f'if [ "$SWARM_NODE" = p1 ] && [ -e {flag} ]; then sleep {SLOW}; fi; sleep 0.5',
+        f'if [ "$SWARM_NODE" = p1 ] && [ -e {flag} ]; then sleep {SLOW}; fi; sleep 0.5;'
+        ' echo "ran on $SWARM_NODE"',
     ]
 
 
@@ -103,6 +104,9 @@ def test_a_late_idempotent_task_gets_a_backup_that_wins(
     assert f"backup {b['spec']['id']} started" in why, why
     assert "finished first" in why, why
     assert f"backup of {tid}" in home.cli("explain", b["spec"]["id"]).stdout
+
+    # its output is the backup's (swarm logs, and so an Executor's result)
+    assert home.cli("logs", tid).stdout.strip() == f"ran on {t['node']}"
 
     # the straggler on p1 was killed, not left to run its 30 s
     deadline = time.monotonic() + 10

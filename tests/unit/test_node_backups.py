@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from swarm import model as m
 from swarm.node import events as ev
+from swarm.node.backups import won_by
 from swarm.node.state import NodeState, Settings
 from swarm.policy.hedge import HedgeConfig
 
@@ -89,6 +90,7 @@ def test_the_backup_finishes_first_the_original_takes_its_result_and_is_stopped(
     o = a.state.records.get_cached(tid)
     assert o.state is S.SUCCEEDED and o.exit_code == 0
     assert o.history[-1].cause.startswith(f"backup {bk.id} finished first on {runner.name}")
+    assert won_by(o) == bk.id and won_by(a.state.records.get_cached(bk.id)) is None
     assert tid in a.stopped  # the straggler is killed
     assert a.finals[tid] == 1  # one result journaled
     assert a.state.counters["backups_won"] == 1
