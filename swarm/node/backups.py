@@ -24,6 +24,9 @@ the work finished here.
 - **Durability**: a backup's record is journaled when it is made; after a restart the
   open pairs are found again among the records (the race goes on). The history and
   the budget start empty again, so no new backup until `min_history` runs have ended.
+  A home lost for good with a race open: whoever adopts the original and the backup
+  (failover.py) holds two tasks; one that adopted both pairs them again before it would
+  make a second backup, otherwise both copies run to their ends, each with its record.
 
 Who can do what: only the task's owner marks it idempotent; a backup runs as the
 same user with the same spec, so it can do nothing the original could not. A key
@@ -194,6 +197,12 @@ class Backups:
     def _start_backup(self, oid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
         assert self.hedger is not None
         o = self.records.active[oid]
+        had = [t.id for t in self.records.active.values() if t.spec.backup_of == oid]
+        if had:  # one made before (by a home whose role this node adopted): that one
+            self.backups[oid] = had[0]
+            self.backed_up.add(oid)
+            self.hedger.backup_ended(oid, 0.0, won=False)  # no charge for a new one
+            return []
         bid = f"t{self.rng.getrandbits(64):016x}"
         if self.records.get_cached(bid) is not None:
             return []  # never: 64 random bits
@@ -225,6 +234,7 @@ class Backups:
         b = self.records.get_cached(bid)
         if b is None:  # forgotten (retention): nothing to judge
             del self.backups[oid]
+            self.hedger.backup_ended(oid, 0.0, won=False)
             return []
         if o is None or o.state.terminal:
             del self.backups[oid]

@@ -4,6 +4,8 @@ is stopped, and the original's record holds the one result."""
 
 from __future__ import annotations
 
+import attrs
+
 from swarm import model as m
 from swarm.node import events as ev
 from swarm.node.backups import won_by
@@ -169,3 +171,16 @@ def test_after_a_restart_the_open_race_is_found_again_and_judged() -> None:
     out = a2.backup_tick(1.0, 14.1)
     assert a2.records.get_cached(tid).state is S.SUCCEEDED
     assert tid in a.running and ev.StopRun(tid, f"its backup {bk.id} finished first") in out
+
+
+def test_a_backup_made_before_is_paired_again_never_a_second_one() -> None:
+    """A node that took over a home's role (failover) may hold an original and the
+    backup that home made: a late original is paired with it, not backed up twice."""
+    a, b, c, _ = _cluster()
+    tid = _late_original(a, b, c)
+    spec = attrs.evolve(a.state.records.active[tid].spec, id="tb", backup_of=tid)
+    a.state.records.store(m.new_task(spec, 11.0, "A"))
+    a.state.hedge_scanned = True  # as if adopted after this node's start-up scan
+    a.run(a.state.backup_tick(2.0, 12.0))
+    assert [t.id for t in a.state.records.active.values() if t.spec.backup_of] == ["tb"]
+    assert a.state.backups == {tid: "tb"} and a.state.counters["backups"] == 0
