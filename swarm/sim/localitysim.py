@@ -16,13 +16,13 @@ from pathlib import Path
 
 from . import plots
 from .fairsim import default_delay
-from .report import Outcome, Table, mean_ci
+from .report import Outcome, Table, length_table, mean_ci
 from .wheresim import BLIND, SWARM, WhereConfig, WhereResult, run_where
 from .workloads import Exponential
 
 DELAYS = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0)  # seconds; 3 s is the agent's data-delay
 LOADS = (0.5, 0.8)
-SEEDS = 3
+SEEDS = 5
 NODES = 100
 TASKS = 2000
 SLOTS = 4
@@ -119,6 +119,15 @@ def locality_outcome(out: Path, nodes: int | None, tasks: int | None, seed: int)
         ],
         rows,
     )
+    # run length: the first seed again at twice the tasks (locality and mean response)
+    cells = []
+    for load in LOADS:
+        for meth, d in cases:
+            r1, r2 = runs[(load, meth, d)][0], run_where(config(n, load, d, meth, 2 * m, seeds[0]))
+            what = f"load {load:.0%}, {'no data keys' if meth == BLIND else 'swarm'}, D {d:g}"
+            cells.append((what + ": locality %", 100 * r1.local, 100 * r2.local))
+            cells.append((what + ": mean response", r1.mean, r2.mean))
+    ltable, (worst_cell, worst) = length_table(cells, m)
     xs = list(DELAYS)
     plots.lines(
         out / "locality.png",
@@ -141,7 +150,13 @@ def locality_outcome(out: Path, nodes: int | None, tasks: int | None, seed: int)
         ylabel="mean response / D = 0's",
         hline=(1.0, "D = 0"),
     )
-    return _outcome(n, m, seeds, table, runs, loc, rel)
+    o = _outcome(n, m, seeds, table, runs, loc, rel)
+    o.tables.append(("locality_length", ltable))
+    o.setup += (
+        f"\nRun length: seed {seeds[0]} again at twice the tasks moves no cell by more than"
+        f" {abs(worst):.1f} % ({worst_cell}; table *locality_length*).\n"
+    )
+    return o
 
 
 def _avg(rs: list[WhereResult], field: str) -> float:
@@ -201,7 +216,7 @@ have no false positives here). Means over seeds {seeds[0]} to {seeds[-1]} with 9
 confidence half-widths; *mean / D = 0* is the mean of per-seed ratios. {m} tasks a
 run, the first 10 % not measured.
 
-Command: `swarm sim locality --out docs/experiments` (seeds 1 to 3; `--seed S`,
+Command: `swarm sim locality --out docs/experiments` (seeds 1 to 5; `--seed S`,
 `--nodes N`, `--tasks M`).
 """,
         tables=[("locality", table)],

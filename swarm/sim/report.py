@@ -125,3 +125,14 @@ def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
         return mu, math.nan
     sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (n - 1))
     return mu, T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def length_table(
+    cells: Sequence[tuple[str, float, float]], count: int
+) -> tuple[Table, tuple[str, float]]:
+    """Run length (issue 24): each cell's value at `count` tasks and at twice that
+    (same seed), as a table, and the cell that moved most with its change in %."""
+    rows = [(name, a, b, 100.0 * (b / a - 1.0) if a else math.nan) for name, a, b in cells]
+    table = Table.of(["cell", f"at {count:,} tasks", f"at {2 * count:,}", "change %"], rows)
+    worst = max(rows, key=lambda r: -1.0 if math.isnan(r[3]) else abs(r[3]))
+    return table, (str(worst[0]), float(worst[3]))
