@@ -326,7 +326,7 @@ def canary_burst(sc: Scenario) -> tuple[list[SubmitPlan], list[DrainPlan]]:
     return burst, [*others, DrainPlan(1, 1.6, until)]
 
 
-BACKUP_HISTORY = 5  # agents' --backup-history in a scenario with backups
+BACKUP_HISTORY = 3  # agents' --backup-history with backups (5 left seed 1025 with none)
 BACKUP_BUDGET = 0.5  # ... and --backup-budget (a short run earns little budget)
 
 
