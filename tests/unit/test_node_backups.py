@@ -184,3 +184,33 @@ def test_a_backup_made_before_is_paired_again_never_a_second_one() -> None:
     a.run(a.state.backup_tick(2.0, 12.0))
     assert [t.id for t in a.state.records.active.values() if t.spec.backup_of] == ["tb"]
     assert a.state.backups == {tid: "tb"} and a.state.counters["backups"] == 0
+
+
+def test_idempotent_travels_and_bad_combinations_are_refused_naming_the_flag() -> None:
+    """Bad input (issue 24): --idempotent with --at-most-once, --global or --gang is one
+    clear line; a client cannot set backup_of (only a home does); the codec carries
+    both fields."""
+    import pytest
+
+    from swarm import codec, wire
+    from swarm.request_checks import submit_spec
+
+    s = m.TaskSpec(id="t1", argv=("x",), idempotent=True, backup_of="t0")
+    assert codec.task_spec_from_wire(codec.task_spec_to_wire(s)) == s
+    plain = codec.task_spec_to_wire(m.TaskSpec(id="t2", argv=("x",)))
+    assert "idempotent" not in plain and "backup_of" not in plain
+
+    def submit(**extra: object) -> m.TaskSpec:
+        req = {"argv": ["x"], "idempotent": True, **extra}
+        return submit_spec(wire.Fields(req, "submit"), uid=0, user="root", home="A", now=0.0)
+
+    assert submit().idempotent
+    for extra, flag in (
+        ({"at_most_once": True}, "--at-most-once"),
+        ({"is_global": True}, "--global"),
+        ({"gang": {"size": 2}}, "--gang"),
+    ):
+        with pytest.raises(wire.SchemaError, match=f"does not combine with {flag}"):
+            submit(**extra)
+    with pytest.raises(wire.SchemaError, match="backup_of"):
+        submit(backup_of="t0")
