@@ -127,6 +127,9 @@ class Reply:
     ok: bool
     verdict: Verdict | None = None
     reason: str = ""
+    # a "yes" to an Offer: the runner's wall clock in ms when it took the task, on the
+    # clock its load reports' versions come from (policy/charges.py); 0: not given
+    at: int = 0
 
 
 Request = Offer | Commit | Abort | Query | MoveRequest | Revoke | Cancel | Report
@@ -207,6 +210,7 @@ def reply_to_wire(r: Reply) -> dict[str, Any]:
         "ok": r.ok,
         "verdict": None if r.verdict is None else r.verdict.value,
         "reason": r.reason,
+        **({"at": r.at} if r.at else {}),
     }
 
 
@@ -218,6 +222,7 @@ def reply_from_wire(obj: Any) -> Reply:
         ok=f.bool("ok", required=True),
         verdict=f.enum("verdict", Verdict),
         reason=f.str("reason", "", max_len=65536),
+        at=f.int("at", 0, lo=0, hi=2**62),
     )
     f.done()
     return r

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from .. import model as m
 from ..cluster import handoff as h
 from ..policy import shares as sh
+from ..policy.charges import Charges
 from . import events as ev
 from .records import TaskRecords
 from .recovery import Handoffs
@@ -38,6 +41,8 @@ class Location:
     queued: Any
     running: Any
     counters: dict[str, int]
+    charges: Charges
+    version: int  # of the last load report this node made (loadstate.py)
 
     @property
     def home(self) -> h.HomeSide:
@@ -72,7 +77,7 @@ class Location:
 
     if TYPE_CHECKING:  # provided by the other parts of NodeState
 
-        def count_in_view(self, node: m.NodeId, spec: m.TaskSpec) -> None:
+        def count_in_view(self, node: m.NodeId, spec: m.TaskSpec, now: float) -> None:
             raise NotImplementedError
 
         def release_gpu(self, tid: m.TaskId) -> list[ev.Instruction]:
@@ -167,7 +172,7 @@ class Location:
             how = "migrated to" if t.state is S.MIGRATING else "handed off to"
             _, r = self._change(t.id, S.QUEUED, wall, f"{how} {o.node}", node=o.node)
             out.append(r)
-            self.count_in_view(o.node, t.spec)
+            self.count_in_view(o.node, t.spec, now)  # charged once (at its offer)
             self.ledger.remove(t.id)
             out += self.release_gpu(t.id)
             out.append(ev.LoadChanged())
@@ -183,6 +188,7 @@ class Location:
     def on_offer_failed(self, o: h.OfferFailed, wall: float) -> list[ev.Instruction]:
         t = self.records.active.get(o.task_id)
         self.counters["offers_refused" if o.refused else "offers_failed"] += 1
+        self.charges.drop(o.node, o.task_id)
         if t is None:
             self.pending_cancel.discard(o.task_id)
             return []
@@ -316,6 +322,8 @@ class Location:
         task (admission with fresh local usage, which the runtime measures)."""
         if isinstance(r, h.Offer):
             reply, entry = self.guest.on_offer(sender, r, now, refusal)
+            if reply.ok:  # on our reports' clock: the first report after counts it
+                reply = attrs.evolve(reply, at=max(int(wall * 1000), self.version))
             if entry is not None:
                 if r.task_id not in self.ledger:
                     self.ledger.add(r.spec)
@@ -358,6 +366,8 @@ class Location:
     ) -> list[ev.Instruction]:
         """The answer to one of our handoff requests (None: none came)."""
         if isinstance(req, (h.Offer, h.Commit, h.Abort, h.Revoke, h.Cancel)):
+            if isinstance(req, h.Offer) and reply is not None and reply.ok:
+                self.charges.answered(dest, req.task_id, reply.at)
             outs = self.home.on_reply(dest, req, reply, now)
         else:
             outs = self.guest.on_reply(dest, req, reply, now)

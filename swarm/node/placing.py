@@ -23,7 +23,7 @@ from ..policy import gpu as gpupol
 from ..policy import latebind as lb
 from ..policy import placement as pl
 from ..policy import shares as sh
-from ..policy.view import LoadView, charged
+from ..policy.view import LoadView
 from . import decide
 from . import events as ev
 from .records import TaskRecords
@@ -73,6 +73,8 @@ class Placing:
             raise NotImplementedError
 
         def backup_avoid(self, spec: m.TaskSpec) -> frozenset[m.NodeId]: ...
+
+        def count_in_view(self, node: m.NodeId, spec: m.TaskSpec, now: float) -> None: ...
 
         def backup_watch(self, t: m.Task, now: float) -> list[ev.Instruction]: ...
 
@@ -317,9 +319,8 @@ class Placing:
             why, instrs = self.offer(tid, p.target, now, wall)
             if why is None:
                 job.offered = p
-                entry = self.view.get(p.target)
-                if entry is not None:  # counted there until its next report
-                    self.view.put(p.target, charged(entry, t.spec.weight))
+                # counted there until a report made after it took the task
+                self.count_in_view(p.target, t.spec, now)
                 return out + instrs
             rec = p.explain()
             rec["outcome"] = f"{p.target} refused: {why}"

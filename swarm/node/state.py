@@ -30,10 +30,11 @@ from ..policy import gpu as gpupol
 from ..policy import load as loadpol
 from ..policy import placement as pl
 from ..policy import shares as sh
+from ..policy.charges import Charges
 from ..policy.hedge import HedgeConfig
 from ..policy.latebind import LateBinding, LateConfig
 from ..policy.sharing import Sharing
-from ..policy.view import LoadView
+from ..policy.view import LoadView, charged
 from . import events as ev
 from . import gate
 from .arrays import Arrays
@@ -141,6 +142,7 @@ class NodeState(
         self.gpus = gpupol.GpuAllocator(gpu_devices)
         self.gpu_policy = settings.gpu_policy
         self.view = LoadView()
+        self.charges = Charges()  # offers the view counts on top of peers' reports
         self.globals = sh.GlobalTasks()
         self.queued = queued
         self.running = running
@@ -258,18 +260,15 @@ class NodeState(
 
     # ------------------------------------------------------------ helpers
 
-    def count_in_view(self, node: m.NodeId, spec: m.TaskSpec) -> None:
-        """We just handed `spec` to `node`: until its next report arrives, count it in
-        our (stale) view of that node, so that our next placements do not pile onto a
-        node whose report predates the work we sent it."""
+    def count_in_view(self, node: m.NodeId, spec: m.TaskSpec, now: float) -> None:
+        """We offered (or just handed) `spec` to `node`: until a report of its made after
+        it took the task arrives, count it in our (stale) view of that node, so that our
+        next placements do not pile onto a node whose report predates the work we sent
+        it (policy/charges.py). Charged once per task, at its offer."""
         entry = self.view.get(node)
-        if entry is None:
+        if entry is None or not self.charges.add(node, spec.id, spec.weight, now):
             return
-        r = entry.report
-        self.view.upsert(
-            attrs.evolve(r, weight_sum=r.weight_sum + spec.weight, queued=r.queued + 1),
-            entry.received_at,
-        )
+        self.view.put(node, charged(entry, spec.weight))
 
     def can_start(
         self, task: m.Task, wall: float | None = None, now: float | None = None
@@ -382,6 +381,7 @@ class NodeState(
 
     def on_node_dead(self, node: m.NodeId, now: float, wall: float) -> list[ev.Instruction]:
         self.view.remove(node)
+        self.charges.forget(node)
         outs = self.home.on_node_dead(node, now)
         gangs = self.gang_node_dead(node, now, wall) if self.gang_coords else []
         if not outs:

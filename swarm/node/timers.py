@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import model as m
 from ..policy import shares as sh
+from ..policy.charges import Charges
 from ..policy.sharing import Sharing
 from ..policy.view import LoadView
 from . import events as ev
@@ -32,6 +33,7 @@ class Timers:
     migration_period: float | None
     globals: sh.GlobalTasks
     view: LoadView
+    charges: Charges
     jobs: dict[m.TaskId, Any]
     sharing: Sharing
     quota_epoch: int
@@ -116,7 +118,7 @@ class Timers:
         undrained lets held global tasks start now (not at the timer: commit 2abae3e);
         placements waiting on a back-off look again."""
         prev = self.view.get(report.node)
-        self.view.upsert(report, at)
+        self.view.upsert(self.charges.on_report(report, now), at)
         out: list[ev.Instruction] = []
         if report.shares > 0 and prev is not None and prev.report.shares <= 0:
             out.append(ev.SyncGlobals())

@@ -158,3 +158,28 @@ def test_late_binding_leaves_data_and_gpu_tasks_to_placement() -> None:
     out = _flatten(a.state.place("t7", 0.0, 0.0))
     assert not [i for i in out if isinstance(i, ev.SendLate)]
     assert a.state.late is not None and not a.state.late.is_held("t7")
+
+
+def test_a_peers_report_made_before_it_took_our_offers_does_not_wipe_their_charges() -> None:
+    """Issue 23: each offer stays counted in the home's view of its target until a
+    report the target made after taking it arrives (the target stamps its "yes" with
+    its reports' clock). A report that left before (gossip is a few hundred ms behind
+    a burst) used to wipe them, and the next placements piled onto that peer."""
+    a, b = FakeNode("A"), FakeNode("B")
+    net = FakeNet(a, b)
+    busy(a, 6)
+    gossip(a, b, at=1.0)
+    stale = b.state.local_report(1.5)  # B's next report, made before the offers came
+    for k in range(3):
+        a.submit(m.TaskSpec(id=f"c{k}", argv=("x",)))
+        a.run(a.state.place(f"c{k}", 0.0, 2.0))
+    net.settle(wall=2.0)  # B takes all three at its 2,000 ms
+    assert all(a.state.records.active[f"c{k}"].node == "B" for k in range(3))
+    assert a.state.view["B"].report.queued == 3  # charged once each (offer, not commit)
+    a.run(a.state.on_peer_report(stale, 1.6, 0.1, 2.1))
+    assert a.state.view["B"].report.queued == 3  # stale 0 + the 3 it lacks
+    fresh = b.state.local_report(2.5)
+    assert fresh.queued == 3
+    a.run(a.state.on_peer_report(fresh, 2.6, 0.2, 2.6))
+    assert a.state.view["B"].report.queued == 3  # B's own count, never twice
+    assert a.state.charges.pending("B") == 0
