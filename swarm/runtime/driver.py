@@ -50,6 +50,8 @@ from .journal import Journal
 from .latebindio import LateIO
 from .peerreads import PeerReads
 from .peers import ClusterNode
+from .replicabatch import ReplicaOutbox
+from .replicabatch import serve_batch as serve_replica_batch
 from .runner import LocalRunner
 from .sampler import Sampler
 from .tasks import TaskTable
@@ -122,6 +124,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
         self.transfers = TransferIO(self, transfer_config)
         self.late_io = LateIO(self)
         self.outbox = HandoffOutbox(self)  # handoff requests, batched per peer
+        self.replica_outbox = ReplicaOutbox(self)  # replica messages, batched per peer
         self.globals_io = GlobalTaskIO(self)
         self.reads = PeerReads(table, runner, self.copy_of)
         runner.reserved = self.state.gang_held  # slots held for gangs: not for others
@@ -369,6 +372,12 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
     ) -> dict[str, Any]:
         return await serve_batch(self, req, sender)
+
+    async def rpc_replica_batch(
+        self, req: dict[str, Any], sender: m.NodeId, stream: Any
+    ) -> dict[str, Any]:
+        """Many replica messages at once (runtime/replicabatch.py)."""
+        return await serve_replica_batch(self, req, sender)
 
     async def cancel_remote(self, tid: m.TaskId) -> None:
         """Cancel a task whose home is here and which lives elsewhere (or is in flight)."""

@@ -16,10 +16,11 @@ from ..cluster.succession import GONE, Notice, notice_from_wire, notice_to_wire
 from ..logs import EventLog
 from ..node import events as ev
 from ..node.failover import NOTICES_PER_MESSAGE
-from ..node.replicas import ReplicaMsg, replica_msg_from_wire, replica_msg_to_wire
+from ..node.replicas import ReplicaMsg, replica_msg_from_wire
 from ..node.state import NodeState
 from .net import TransportError
 from .peers import ClusterNode, RemoteError
+from .replicabatch import ReplicaOutbox
 
 
 class FailoverIO:
@@ -28,6 +29,7 @@ class FailoverIO:
     cluster: ClusterNode | None
     log: EventLog
     rpc_timeout: float
+    replica_outbox: ReplicaOutbox
     _replica_inflight: set[tuple[m.NodeId, m.TaskId, str, m.NodeId | None]]
 
     if TYPE_CHECKING:  # provided by Driver and Effects
@@ -150,19 +152,10 @@ class FailoverIO:
         return len(chosen)
 
     async def _replica_rpc(self, node: m.NodeId, msg: ReplicaMsg) -> bool:
+        """One replica message, batched with the others to `node` (replicabatch.py)."""
         if self.cluster is None:
             return False
-        try:
-            r = await self.cluster.request(
-                node, {"op": "replica", "msg": replica_msg_to_wire(msg)}, timeout=2.0
-            )
-        except (TransportError, RemoteError) as e:
-            self.log.debug("replica.rpc_failed", dest=node, task=msg.task_id, error=str(e))
-            return False
-        if r.get("ok") is not True:
-            self.log.info("replica.refused", dest=node, task=msg.task_id, reason=r.get("reason"))
-            return False
-        return True
+        return await self.replica_outbox.send(node, msg)
 
     async def _send_replica(self, i: ev.SendReplica) -> None:
         """A replica message owed by the reconciling tick; answered: the state notes
@@ -181,7 +174,8 @@ class FailoverIO:
     async def rpc_replica(
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
     ) -> dict[str, Any]:
-        """A home's copy of its task, or news of it (node/replicas.py)."""
+        """A home's copy of its task, or news of it (node/replicas.py): one message, as
+        agents before issue 23's replica batches send."""
         msg = replica_msg_from_wire(req.get("msg"))
         why, instrs = self.state.on_replica(sender, msg)
         await self.execute(instrs)

@@ -23,6 +23,7 @@ def peer_routes(coord: Driver, migrator: Migrator, ops: LocalOps) -> dict[str, R
         "handoff_batch": coord.rpc_handoff_batch,  # many at once (runtime/handoffbatch.py)
         "succession": coord.rpc_succession,  # adoption notices (node/failover.py)
         "replica": coord.rpc_replica,  # copies of another home's tasks (node/replicas.py)
+        "replica_batch": coord.rpc_replica_batch,  # many at once (runtime/replicabatch.py)
         "lease": coord.rpc_lease,  # a runner's lease for an --at-most-once task (fencing.py)
         "gang": coord.rpc_gang,  # the gang protocol's messages (node/gangs.py)
         "task": coord.reads.rpc_task,  # a task's record, from its home

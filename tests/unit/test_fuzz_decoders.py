@@ -34,7 +34,7 @@ from swarm.cluster import handoff as hf
 from swarm.cluster import messages as msgs
 from swarm.node import replicas
 from swarm.policy import latebind
-from swarm.runtime import fencingio, gangio, handoffbatch, journaldb, net
+from swarm.runtime import fencingio, gangio, handoffbatch, journaldb, net, replicabatch
 from swarm.runtime import journal as jr
 from swarm.runtime.api import ApiServer, Ops, PeerCred
 
@@ -245,10 +245,30 @@ CODECS: list[tuple[str, Callable[[Any], Any], dict[str, Any]]] = (
             ),
             {
                 "replies": [
-                    hf.reply_to_wire(hf.Reply(SPEC.id, 3, True)),
+                    hf.reply_to_wire(hf.Reply(SPEC.id, 3, True, at=1_764_000_000_123)),
                     hf.reply_to_wire(hf.Reply("t9", 1, True, hf.Verdict.WAIT, "offer in flight")),
                 ]
             },
+        ),
+        (
+            "replica_batch",
+            lambda obj: replicabatch.batch_from_wire(_field(obj, "msgs")),
+            {
+                "op": "replica_batch",
+                "msgs": [
+                    replicas.replica_msg_to_wire(
+                        replicas.ReplicaMsg("hold", SPEC.id, "n1", "n2", ("n3",), SPEC)
+                    ),
+                    replicas.replica_msg_to_wire(
+                        replicas.ReplicaMsg("runner", SPEC.id, "n1", "n2", ("n3",))
+                    ),
+                ],
+            },
+        ),
+        (
+            "replica_batch_answers",
+            lambda obj: replicabatch.answers_from_wire(_field(obj, "answers"), 2),
+            {"answers": [{"ok": True, "reason": None}, {"ok": False, "reason": "not home"}]},
         ),
         # issue 24: late binding's op `late` (reserve, cancel, pull)
         ("late", latebind.msg_from_wire, latebind.msg_to_wire(latebind.PULL, SPEC.id)),
