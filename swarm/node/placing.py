@@ -117,8 +117,12 @@ class Placing:
         if spec.constraints and "ignore-constraints" in self.breaks:
             spec = attrs.evolve(spec, constraints=())  # TEST-ONLY: chaos self-test
         d = self.d
+        where = self.where(spec, local, wall)
         if spec.idempotent:  # never where its other copy is (backups.py)
-            exclude = exclude | self.backup_avoid(spec)
+            avoid = self.backup_avoid(spec)
+            if avoid:
+                exclude = exclude | avoid
+                where = attrs.evolve(where, other_copy=avoid)
             if spec.backup_of:  # a backup is worth something only where it starts now
                 d = max(d, len(self.view))
         return decide.choose(
@@ -131,7 +135,7 @@ class Placing:
             now,
             exclude,
             max_age=self.report_max_age,
-            where=self.where(spec, local, wall),
+            where=where,
         )
 
     def where(self, spec: m.TaskSpec, local: m.LoadReport, wall: float) -> pl.Where:

@@ -299,6 +299,13 @@ class Where:
     spread_to: frozenset[str] = frozenset()  # its values with the fewest of the job
     full: frozenset[NodeId] = frozenset()  # nodes holding the job's anti-affinity limit
     holders_only: bool = False  # only nodes whose digest holds the task's data
+    # nodes where the task's other copy runs (an --idempotent task and its backup:
+    # node/backups.py); they are in `exclude` too, this names why in the explain
+    other_copy: frozenset[NodeId] = frozenset()
+
+    def excluded(self, node: NodeId) -> str:
+        """Why an excluded node was not a candidate."""
+        return OTHER_COPY if node in self.other_copy else "refused earlier"
 
     def refusal(self, node: NodeId, r: LoadReport, needs: Needs) -> str | None:
         if node in self.full:
@@ -313,6 +320,7 @@ class Where:
 
 
 NOWHERE = Where()
+OTHER_COPY = "runs this task's other copy (a backup never runs beside it)"
 
 
 def place(
@@ -350,7 +358,7 @@ def place(
 
     def verdict(node: NodeId, entry: PeerInfo) -> str | None:
         if node in exclude:
-            return "refused earlier"
+            return where.excluded(node)
         if max_age is not None:
             age = now - entry.received_at
             if age > max_age:
@@ -372,7 +380,7 @@ def place(
 
     local_why: str | None
     if me in exclude:
-        local_why = "refused earlier"
+        local_why = where.excluded(me)
     else:
         lr = refusal(local, needs)
         local_why = lr.text if lr is not None else where.refusal(me, local, needs)

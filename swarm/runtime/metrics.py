@@ -141,6 +141,19 @@ class AgentCollector:
             "handoff messages without an answer (each request in them is retried)",
             c.get("handoff_rpc_failures", 0),
         )
+        yield counter(
+            "swarm_replica_rpcs", "replica messages (batches) sent", c.get("replica_rpcs", 0)
+        )
+        yield counter(
+            "swarm_replica_msgs",
+            "replica messages (hold, runner, release) sent, in those batches",
+            c.get("replica_msgs", 0),
+        )
+        yield counter(
+            "swarm_replica_rpc_failures",
+            "replica batches without an answer (each message in them counts as unanswered)",
+            c.get("replica_rpc_failures", 0),
+        )
         transfers = counter("swarm_transfers", "queued tasks moved, by kind", labels=["kind"])
         transfers.add_metric(["push"], c.get("transfers_pushed", 0))
         transfers.add_metric(["steal"], c.get("transfers_stolen", 0))

@@ -6,6 +6,7 @@ A task that is not --idempotent is never backed up."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -132,3 +133,58 @@ def test_a_task_not_marked_idempotent_is_never_backed_up(
         assert c.status(tid)["state"] == "running"
         c.cancel(tid)
     assert "backup" not in home.cli("explain", tid).stdout
+
+
+def slow_on_p1(flag: str) -> str:
+    """A pure call for the Executor: 0.5 s anywhere, SLOW s on p1 once `flag` exists."""
+    node = os.environ.get("SWARM_NODE", "?")
+    if node == "p1" and os.path.exists(flag):
+        time.sleep(SLOW)
+    time.sleep(0.5)
+    return node
+
+
+def test_an_executor_call_marked_idempotent_returns_the_winning_backups_result(
+    make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """`Executor(idempotent=True)`: the call that lands on the slow node gets a backup
+    elsewhere, and the future's result is the backup's (read from the winning copy)."""
+    from swarm import Executor
+
+    per_node = {1: ["--labels", "slow=yes"], 2: ["--labels", "slow=no"]}
+    per_node[3] = ["--labels", "slow=no"]
+    agents = cluster(make_agent, 3, *BACKUPS, per_node=per_node)
+    home = agents[0]
+    flag = tmp_path / "p1-is-slow"
+    opts = {"idempotent": True, "name": "pycall", "prefer": ["slow=yes"]}
+    with Executor(str(home.socket), **opts) as ex:
+        for _ in range(5):  # the class's history, one at a time so that p1 runs them
+            assert ex.submit(slow_on_p1, str(flag)).result(timeout=60) == "p1"
+        flag.touch()
+        t0 = time.monotonic()
+        f = ex.submit(slow_on_p1, str(flag))
+        tid = ex._calls[f]
+        node = f.result(timeout=SLOW - 10)
+        took = time.monotonic() - t0
+    assert node in ("p2", "p3") and took < SLOW / 2, (node, took)
+    ps = json.loads(home.cli("ps", "--all", "--limit", "1000", "--json").stdout)
+    (b,) = [x for x in ps if x["spec"].get("backup_of") == tid]
+    assert b["state"] == "succeeded" and b["node"] == node, b
+    deadline = time.monotonic() + 10
+    while _slow_py(flag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _slow_py(flag)
+
+
+def _slow_py(flag: Path) -> list[psutil.Process]:
+    """The slow node's python still running the straggling call."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            env = p.info["environ"] or {}
+        except (psutil.Error, KeyError):
+            continue
+        cmd = " ".join(p.info["cmdline"] or ())
+        if "swarm.pyrun" in cmd and env.get("SWARM_NODE") == "p1":
+            out.append(p)
+    return out

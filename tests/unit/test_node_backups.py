@@ -11,6 +11,7 @@ from swarm.node import events as ev
 from swarm.node.backups import won_by
 from swarm.node.state import NodeState, Settings
 from swarm.policy.hedge import HedgeConfig
+from swarm.policy.placement import OTHER_COPY
 
 from .node_harness import FakeNet, FakeNode, busy, gossip
 
@@ -78,6 +79,10 @@ def test_not_late_yet_no_backup_then_one_backup_elsewhere_never_where_the_origin
     where = a.state.records.active[bk.id].node
     assert where in ("B", "C")
     assert a.state.explains[tid][-1]["outcome"].startswith(f"backup {bk.id} started: ran 2.0 s")
+    # its placement names why A was no candidate: the original runs there
+    placed = next(r for r in a.state.explains[bk.id] if "candidates" in r)
+    (at_a,) = [c for c in placed["candidates"] if c["node"] == "A"]
+    assert at_a["why_not"] == OTHER_COPY
     a.run(a.state.backup_tick(3.0, 13.0))  # one backup per task, never a second
     assert len([t for t in a.state.records.active.values() if t.spec.backup_of]) == 1
     assert a.state.counters["backups"] == 1
