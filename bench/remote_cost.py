@@ -1,0 +1,141 @@
+"""What one remote task costs the agents, with and without copies (issue 23).
+
+A home agent (4 slots, label role=home) and `--workers` runner agents (16 slots each,
+label role=worker) on loopback; `--tasks` tasks (default `true`) are submitted one by
+one by 8 client threads at the home with the constraint role=worker, so every task is
+placed remotely. Prints, for each `--replicas` setting given (the home's
+`--replicas`; 2 makes one copy per task at another node, 1 none):
+
+- submissions per second (8 clients, each waiting for its answer);
+- the agents' CPU (user + system of the agent processes, not the tasks') per task,
+  at the home and at the runners together, from the first submission until every
+  task ended.
+
+Settings are run in the order given, then again in reverse (`--rounds 2`), so the VM's
+drift falls on each. Writes bench/results/remote_cost.json.
+
+    python bench/remote_cost.py [--tasks 2000] [--workers 2] [--replicas 2,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swarm.client import Client
+from swarm.localcluster import LocalAgent
+
+HERE = Path(__file__).resolve().parent
+BASE = ["--insecure", "--no-mdns", "--bind", "127.0.0.1", "--port", "0", "--profile", "lan"]
+CLIENTS = 8
+
+
+def _cpu(a: LocalAgent) -> float:
+    assert a.proc is not None
+    t = psutil.Process(a.proc.pid).cpu_times()
+    return t.user + t.system
+
+
+def one(root: Path, tasks: int, workers: int, replicas: int, argv: list[str]) -> dict[str, Any]:
+    args = [*BASE, "--log-level", "warning"]
+    home = LocalAgent(
+        root, "home", [*args, "--slots", "4", "--labels", "role=home", "--replicas", str(replicas)]
+    ).start()
+    seed = ["--seeds", f"127.0.0.1:{home.port}"]
+    runners = [
+        LocalAgent(root, f"w{i}", [*args, "--slots", "16", "--labels", "role=worker", *seed])
+        for i in range(workers)
+    ]
+    for r in runners:
+        r.start()
+    try:
+        with home.client() as c:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                nodes = c.call("nodes")["nodes"]
+                if sum(1 for n in nodes if n["state"] == "alive" and n["load"]) == workers + 1:
+                    break
+                time.sleep(0.2)
+            else:
+                raise SystemExit("cluster did not converge")
+        time.sleep(2)  # the members' first reports and replica choices settle
+        home0, run0 = _cpu(home), sum(_cpu(r) for r in runners)
+        ids: list[str] = []
+
+        def submit(k: int) -> None:
+            with Client(home.socket, timeout=120) as c:
+                for _ in range(k):
+                    ids.append(c.submit(argv, cwd="/", constraints=["role=worker"]))
+
+        threads = [
+            threading.Thread(target=submit, args=(tasks // CLIENTS,)) for _ in range(CLIENTS)
+        ]
+        t0 = time.time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        submitted = time.time() - t0
+        with Client(home.socket, timeout=600) as c:
+            records = [c.wait(i, timeout=600) for i in ids]
+        n = len(ids)
+        ok = sum(1 for r in records if r["state"] == "succeeded")
+        remote = sum(1 for r in records if r["node"] != "home")
+        return {
+            "replicas": replicas,
+            "tasks": n,
+            "succeeded": ok,
+            "remote": remote,
+            "submitted_per_s": n / submitted,
+            "home_cpu_ms_per_task": (_cpu(home) - home0) / n * 1000,
+            "runners_cpu_ms_per_task": (sum(_cpu(r) for r in runners) - run0) / n * 1000,
+        }
+    finally:
+        for a in [home, *runners]:
+            a.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=2000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--replicas", default="2,1", help="the home's --replicas settings")
+    ap.add_argument("--rounds", type=int, default=2, help="passes (every other one reversed)")
+    ap.add_argument("--task", default="true", help="the task's command")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "remote_cost.json")
+    args = ap.parse_args()
+    settings = [int(x) for x in args.replicas.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="swrc-", dir="/tmp") as tmp:
+        for r in range(args.rounds):
+            for k, rep in enumerate(settings if r % 2 == 0 else settings[::-1]):
+                row = one(Path(tmp) / f"r{r}-{k}", args.tasks, args.workers, rep, args.task.split())
+                rows.append(row)
+                print(
+                    f"replicas {rep}: {row['submitted_per_s']:.0f} submitted/s (8 clients);"
+                    f" agent CPU per task: home {row['home_cpu_ms_per_task']:.2f} ms,"
+                    f" runners {row['runners_cpu_ms_per_task']:.2f} ms;"
+                    f" {row['remote']}/{row['tasks']} remote, {row['succeeded']} succeeded",
+                    flush=True,
+                )
+    out = {
+        "rows": rows,
+        "config": {"tasks": args.tasks, "workers": args.workers, "task": args.task},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
