@@ -172,7 +172,6 @@ class Location:
             how = "migrated to" if t.state is S.MIGRATING else "handed off to"
             _, r = self._change(t.id, S.QUEUED, wall, f"{how} {o.node}", node=o.node)
             out.append(r)
-            self.count_in_view(o.node, t.spec, now)  # charged once (at its offer)
             self.ledger.remove(t.id)
             out += self.release_gpu(t.id)
             out.append(ev.LoadChanged())
@@ -367,11 +366,21 @@ class Location:
         """The answer to one of our handoff requests (None: none came)."""
         if isinstance(req, (h.Offer, h.Commit, h.Abort, h.Revoke, h.Cancel)):
             if isinstance(req, h.Offer) and reply is not None and reply.ok:
-                self.charges.answered(dest, req.task_id, reply.at)
+                self._taken(dest, req, reply, now)
             outs = self.home.on_reply(dest, req, reply, now)
         else:
             outs = self.guest.on_reply(dest, req, reply, now)
         return self.apply(outs, [req.task_id], now, wall)
+
+    def _taken(self, dest: m.NodeId, req: h.Offer, reply: h.Reply, now: float) -> None:
+        """`dest` took our offer (the answer to the offer in flight): it is counted in
+        our view of `dest` until a report made after `reply.at` (policy/charges.py).
+        A placement charged it when it offered; a push or a move is charged now."""
+        e = self.home.entries.get(req.task_id)
+        if e is None or e.phase is not h.HomePhase.OFFERING or e.offer_epoch != req.epoch:
+            return  # a late answer to an offer already resolved
+        self.count_in_view(dest, req.spec, now)
+        self.charges.answered(dest, req.task_id, reply.at)
 
     def offer(
         self, tid: m.TaskId, target: m.NodeId, now: float, wall: float

@@ -183,3 +183,22 @@ def test_a_peers_report_made_before_it_took_our_offers_does_not_wipe_their_charg
     a.run(a.state.on_peer_report(fresh, 2.6, 0.2, 2.6))
     assert a.state.view["B"].report.queued == 3  # B's own count, never twice
     assert a.state.charges.pending("B") == 0
+
+
+def test_a_push_is_charged_when_taken_and_a_report_made_after_replaces_the_charge() -> None:
+    """An offer not made by a placement (a transfer's push, a move) is charged when the
+    peer takes it, with the peer's stamp, so a report made after replaces it at once
+    (it used to be charged at the commit, unstamped, and would have stood 10 s)."""
+    a, b = FakeNode("A"), FakeNode("B")
+    net = FakeNet(a, b)
+    gossip(a, b, at=1.0)
+    spec = a.submit(m.TaskSpec(id="p1", argv=("x",)))
+    a.run_here(spec.id)
+    a.run(a.state.offer(spec.id, "B", 0.0, 2.0)[1])  # a push: no placement charged it
+    assert a.state.charges.pending("B") == 0
+    net.settle(wall=2.0)
+    assert a.state.records.active["p1"].node == "B"
+    assert a.state.view["B"].report.queued == 1 and a.state.charges.pending("B") == 1
+    fresh = b.state.local_report(2.5)
+    a.run(a.state.on_peer_report(fresh, 2.6, 0.2, 2.6))
+    assert a.state.view["B"].report.queued == 1 and a.state.charges.pending("B") == 0
