@@ -32,6 +32,7 @@ from .. import wire
 from ..cluster import handoff as h
 from ..node import events as ev
 from .net import TransportError
+from .peerqueue import PeerQueues, too_big
 from .peers import RemoteError
 
 
@@ -92,27 +93,10 @@ class HandoffOutbox:
 
     def __init__(self, driver: Driver) -> None:
         self.d = driver
-        self.queues: dict[m.NodeId, list[h.Request]] = {}
-        self.sending: set[m.NodeId] = set()
+        self.q = PeerQueues[h.Request](driver._spawn, self._send, MAX_BATCH)
 
     def put(self, s: h.Send) -> None:
-        self.queues.setdefault(s.dest, []).append(s.request)
-        if s.dest not in self.sending:
-            self.sending.add(s.dest)
-            self.d._spawn(self._drain, s.dest)
-
-    async def _drain(self, dest: m.NodeId) -> None:
-        try:
-            while True:
-                q = self.queues.get(dest)
-                if not q:
-                    return
-                batch, q[:] = q[:MAX_BATCH], q[MAX_BATCH:]
-                await self._send(dest, batch)
-        finally:
-            self.sending.discard(dest)
-            if not self.queues.get(dest):
-                self.queues.pop(dest, None)
+        self.q.put(s.dest, s.request)
 
     async def _send(self, dest: m.NodeId, batch: list[h.Request]) -> None:
         d = self.d
@@ -129,7 +113,7 @@ class HandoffOutbox:
                 raw = await d.cluster.request(dest, msg, d.rpc_timeout)
                 replies = replies_from_wire(raw.get("replies"), batch)
         except TransportError as e:
-            if len(batch) > 1 and "exceeds" in str(e):  # too big for one frame: halve it
+            if too_big(e, batch):  # too big for one frame: halve it
                 half = len(batch) // 2
                 await self._send(dest, batch[:half])
                 await self._send(dest, batch[half:])

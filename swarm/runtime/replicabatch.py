@@ -39,6 +39,7 @@ from .. import wire
 from ..node import events as ev
 from ..node.replicas import ReplicaMsg, replica_msg_from_wire, replica_msg_to_wire
 from .net import TransportError
+from .peerqueue import PeerQueues, too_big
 from .peers import RemoteError
 
 MAX_BATCH = 512  # messages per RPC (a hold carries a spec of ~1 KB)
@@ -91,37 +92,23 @@ class ReplicaOutbox:
 
     def __init__(self, driver: Driver) -> None:
         self.d = driver
-        self.queues: dict[m.NodeId, list[_Waiting]] = {}
-        self.sending: set[m.NodeId] = set()
+        self.q = PeerQueues[_Waiting](driver._spawn, self._answer, MAX_BATCH)
 
     async def send(self, dest: m.NodeId, msg: ReplicaMsg) -> bool:
         """Deliver `msg` with whatever else is going to `dest`; True once it said yes."""
         w = _Waiting(msg)
-        self.queues.setdefault(dest, []).append(w)
-        if dest not in self.sending:
-            self.sending.add(dest)
-            self.d._spawn(self._drain, dest)
+        self.q.put(dest, w)
         await w.done.wait()
         return w.ok
 
-    async def _drain(self, dest: m.NodeId) -> None:
+    async def _answer(self, dest: m.NodeId, batch: list[_Waiting]) -> None:
         try:
-            while True:
-                q = self.queues.get(dest)
-                if not q:
-                    return
-                batch, q[:] = q[:MAX_BATCH], q[MAX_BATCH:]
-                try:
-                    await self._send(dest, batch)
-                finally:
-                    for w in batch:
-                        w.done.set()
-        finally:
-            self.sending.discard(dest)
-            if not self.queues.get(dest):
-                self.queues.pop(dest, None)
+            await self._send(dest, batch)
+        finally:  # answered, refused or lost: each waiter goes on
+            for w in batch:
+                w.done.set()
 
-    async def _send(self, dest: m.NodeId, batch: Sequence[_Waiting]) -> None:
+    async def _send(self, dest: m.NodeId, batch: list[_Waiting]) -> None:
         d = self.d
         c = d.io_counters
         c["replica_rpcs"] = c.get("replica_rpcs", 0) + 1
@@ -133,7 +120,7 @@ class ReplicaOutbox:
             raw = await d.cluster.request(dest, msg, timeout=TIMEOUT)
             answers = answers_from_wire(raw.get("answers"), len(batch))
         except TransportError as e:
-            if len(batch) > 1 and "exceeds" in str(e):  # too big for one frame: halve it
+            if too_big(e, batch):  # too big for one frame: halve it
                 half = len(batch) // 2
                 await self._send(dest, batch[:half])
                 await self._send(dest, batch[half:])
