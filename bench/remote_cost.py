@@ -9,7 +9,9 @@ placed remotely. Prints, for each `--replicas` setting given (the home's
 - submissions per second (8 clients, each waiting for its answer);
 - the agents' CPU (user + system of the agent processes, not the tasks') per task,
   at the home and at the runners together, from the first submission until every
-  task ended.
+  task ended;
+- the copies' messages (hold, runner, release) the home sent per task, and the
+  batches (RPCs) they went in.
 
 Settings are run in the order given, then again in reverse (`--rounds 2`), so the VM's
 drift falls on each. Writes bench/results/remote_cost.json.
@@ -46,7 +48,9 @@ def _cpu(a: LocalAgent) -> float:
     return t.user + t.system
 
 
-def one(root: Path, tasks: int, workers: int, replicas: int, argv: list[str]) -> dict[str, Any]:
+def one(
+    root: Path, tasks: int, workers: int, replicas: int, argv: list[str], clients: int = CLIENTS
+) -> dict[str, Any]:
     args = [*BASE, "--log-level", "warning"]
     home = LocalAgent(
         root, "home", [*args, "--slots", "4", "--labels", "role=home", "--replicas", str(replicas)]
@@ -78,7 +82,7 @@ def one(root: Path, tasks: int, workers: int, replicas: int, argv: list[str]) ->
                     ids.append(c.submit(argv, cwd="/", constraints=["role=worker"]))
 
         threads = [
-            threading.Thread(target=submit, args=(tasks // CLIENTS,)) for _ in range(CLIENTS)
+            threading.Thread(target=submit, args=(tasks // clients,)) for _ in range(clients)
         ]
         t0 = time.time()
         for t in threads:
@@ -88,17 +92,23 @@ def one(root: Path, tasks: int, workers: int, replicas: int, argv: list[str]) ->
         submitted = time.time() - t0
         with Client(home.socket, timeout=600) as c:
             records = [c.wait(i, timeout=600) for i in ids]
+        with home.client() as c:
+            counted = c.info()["coordinator"]
         n = len(ids)
         ok = sum(1 for r in records if r["state"] == "succeeded")
         remote = sum(1 for r in records if r["node"] != "home")
         return {
             "replicas": replicas,
+            "clients": clients,
             "tasks": n,
             "succeeded": ok,
             "remote": remote,
             "submitted_per_s": n / submitted,
             "home_cpu_ms_per_task": (_cpu(home) - home0) / n * 1000,
             "runners_cpu_ms_per_task": (sum(_cpu(r) for r in runners) - run0) / n * 1000,
+            # the copies' traffic (issue 23): messages and batches from the home
+            "replica_msgs_per_task": counted.get("replica_msgs", 0) / n,
+            "replica_rpcs_per_task": counted.get("replica_rpcs", 0) / n,
         }
     finally:
         for a in [home, *runners]:
@@ -112,6 +122,7 @@ def main() -> None:
     ap.add_argument("--replicas", default="2,1", help="the home's --replicas settings")
     ap.add_argument("--rounds", type=int, default=2, help="passes (every other one reversed)")
     ap.add_argument("--task", default="true", help="the task's command")
+    ap.add_argument("--clients", type=int, default=CLIENTS, help="client threads submitting")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "remote_cost.json")
     args = ap.parse_args()
     settings = [int(x) for x in args.replicas.split(",")]
@@ -119,18 +130,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="swrc-", dir="/tmp") as tmp:
         for r in range(args.rounds):
             for k, rep in enumerate(settings if r % 2 == 0 else settings[::-1]):
-                row = one(Path(tmp) / f"r{r}-{k}", args.tasks, args.workers, rep, args.task.split())
+                row = one(
+                    Path(tmp) / f"r{r}-{k}",
+                    args.tasks,
+                    args.workers,
+                    rep,
+                    args.task.split(),
+                    args.clients,
+                )
                 rows.append(row)
                 print(
-                    f"replicas {rep}: {row['submitted_per_s']:.0f} submitted/s (8 clients);"
+                    f"replicas {rep}: {row['submitted_per_s']:.0f} submitted/s"
+                    f" ({args.clients} clients);"
                     f" agent CPU per task: home {row['home_cpu_ms_per_task']:.2f} ms,"
                     f" runners {row['runners_cpu_ms_per_task']:.2f} ms;"
+                    f" copy messages {row['replica_msgs_per_task']:.2f} per task"
+                    f" in {row['replica_rpcs_per_task']:.2f} batches;"
                     f" {row['remote']}/{row['tasks']} remote, {row['succeeded']} succeeded",
                     flush=True,
                 )
     out = {
         "rows": rows,
-        "config": {"tasks": args.tasks, "workers": args.workers, "task": args.task},
+        "config": {
+            "tasks": args.tasks,
+            "workers": args.workers,
+            "task": args.task,
+            "clients": args.clients,
+        },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))

@@ -176,7 +176,9 @@ class Location:
             out += self.release_gpu(t.id)
             out.append(ev.LoadChanged())
             self.arrived.pop(t.id, None)
-            out += self.replica_update(t.id)  # its replicas learn the runner now
+            # its replicas learn the runner at the next failover tick (<= 1 s), not
+            # now: a short task has ended by then, and its copies get the release
+            # alone (one message of three saved per copy; issue 23)
             out.append(self._outcome(t.id, True, ""))
             if t.id in self.pending_cancel:
                 self.pending_cancel.discard(t.id)

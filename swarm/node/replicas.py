@@ -6,8 +6,9 @@ journaled a copy of it (`replica:<id>`): its spec, its home, where it runs.
 
 * **Home side.** The home remembers whom it gave copies (`repls:<id>`) and keeps them
   current from its own records, one message per change, retried each failover tick
-  until acknowledged: the runner once the task is committed elsewhere (or none, back
-  at home), `release` once it ended, with how (`Final`), then `repls:<id>` goes; the
+  until acknowledged: the runner at the first tick after the task is committed
+  elsewhere (or none, back at home; a task that ended before that tick skips it),
+  `release` at once when it ended, with how (`Final`), then `repls:<id>` goes; the
   replica keeps that answer (for `swarm status` when the home is lost after the end)
   for FINISHED_COPY_KEEP, never adopting it. A replica
   gone for a grace is replaced (succession's `Rereplicate`): the new one gets the
@@ -20,11 +21,12 @@ journaled a copy of it (`replica:<id>`): its spec, its home, where it runs.
   replicas, is dropped.
 
 What it costs and what it bounds: one round trip and one fsync at the replica per
-submission before the answer; one message per placement and one per end, after the
-fact. The runner is learnt after the commit (up to a tick later): a home that dies in
-that window leaves a replica that may adopt a task its runner adopts too; the larger
-claim wins and the other copy is stopped (at-least-once, recorded). A task that ended
-just before its home died may be run again by its replica for the same reason.
+submission before the answer; one message per placement that outlives a failover
+tick (<= 1 s) and one per end, after the fact, batched per peer (runtime/
+replicabatch.py). The runner is learnt up to a tick after the commit: a home that dies
+in that window leaves a replica that may adopt a task its runner adopts too; the
+larger claim wins and the other copy is stopped (at-least-once, recorded). A task that
+ended just before its home died may be run again by its replica for the same reason.
 """
 
 from __future__ import annotations
@@ -168,20 +170,37 @@ class Replicas:
         k = replicas_wanted(len(members) + 1, self.replicas_wanted) - 1
         return k, replica_of(task_id, self.node, members, k + extra) if k > 0 else ()
 
+    def replicas_planned(self, task_id: m.TaskId, nodes: tuple[m.NodeId, ...]) -> ev.Put | None:
+        """What to journal with a new task's own record (issue 23): the nodes about to
+        be asked for copies (`repls:`), so that the answer need not wait for a second
+        write once they hold them. Naming a node that then holds none is harmless: a
+        home that restarts sends every replica it names the whole copy, since none is
+        known to hold one (`sent` starts empty)."""
+        return ev.Put(REPLICAS + task_id, list(nodes)) if nodes else None
+
     def replicas_chosen(
-        self, task_id: m.TaskId, nodes: tuple[m.NodeId, ...], told: tuple[m.NodeId, ...] = ()
+        self,
+        task_id: m.TaskId,
+        nodes: tuple[m.NodeId, ...],
+        told: tuple[m.NodeId, ...] = (),
+        planned: tuple[m.NodeId, ...] = (),
     ) -> list[ev.Instruction]:
         """These nodes journaled a copy of our task (the submission's answer waits for
-        this write). `told`: the replicas their copy names; when a stand-in holds one
-        in place of a node that did not answer, each is told the real ones at the next
-        tick (chaos home-loss: a copy naming a replica that held none waited for it to
-        adopt, and nobody adopted the task)."""
+        this write, unless `planned`, journaled with the task, named them already).
+        `told`: the replicas their copy names; when a stand-in holds one in place of a
+        node that did not answer, each is told the real ones at the next tick (chaos
+        home-loss: a copy naming a replica that held none waited for it to adopt, and
+        nobody adopted the task)."""
         if not nodes:
-            return []
+            # none answered: the planned entry names nodes without copies (harmless,
+            # see replicas_planned); drop it, no need to wait for that
+            return [ev.Persist((ev.Delete(REPLICAS + task_id),))] if planned else []
         self.mine[task_id] = nodes
         same = set(told or nodes) == set(nodes)
         for n in nodes:
             self.sent[(task_id, n)] = (RUNNER, None) if same else ("stale", None)
+        if set(planned) == set(nodes):
+            return []
         return [ev.Persist((ev.Put(REPLICAS + task_id, list(nodes)),), durable=True)]
 
     def hold_msg(self, spec: m.TaskSpec, replicas: tuple[m.NodeId, ...]) -> ReplicaMsg:
@@ -204,9 +223,8 @@ class Replicas:
         return out
 
     def replica_update(self, tid: m.TaskId) -> list[ev.Instruction]:
-        """The messages owed to one task's replicas (also sent at once on a commit:
-        the sooner a replica knows the runner, the smaller the window in which it could
-        take over a task that runs elsewhere)."""
+        """The messages owed to one task's replicas (also sent at once when the task
+        ends: a replica that has not heard of the end could run it again)."""
         out: list[ev.Instruction] = []
         nodes = self.mine.get(tid, ())
         if nodes:

@@ -18,9 +18,21 @@ from ..node import events as ev
 from ..node.failover import NOTICES_PER_MESSAGE
 from ..node.replicas import ReplicaMsg, replica_msg_from_wire
 from ..node.state import NodeState
+from .journal import PutKV
 from .net import TransportError
 from .peers import ClusterNode, RemoteError
 from .replicabatch import ReplicaOutbox
+
+
+@attrs.frozen
+class CopyPlan:
+    """How many copies a submission gets, the nodes to ask in order (the first k,
+    then stand-ins), and the journal entry naming the first k (written with the
+    task's record)."""
+
+    k: int
+    candidates: tuple[m.NodeId, ...]
+    ops: tuple[PutKV, ...] = ()
 
 
 class FailoverIO:
@@ -120,13 +132,22 @@ class FailoverIO:
             history=(*t.history, end),
         )
 
-    async def replicate(self, spec: m.TaskSpec) -> int:
-        """Copies of a just-journaled submission at other nodes (node/replicas.py),
-        before its answer: the first k of the rendezvous order that answer (the next
-        ones in order stand in for those that do not). Returns how many hold one."""
+    def plan_copies(self, spec: m.TaskSpec) -> CopyPlan:
+        """Who is to hold copies of a submission, chosen before its record is written
+        so that the record's commit names them too (node/replicas.py)."""
         mship = self.cluster.membership if self.cluster is not None else None
         live = [mb.node for mb in mship.alive_members()] if mship is not None else []
         k, candidates = self.state.choose_replicas(spec.id, live)
+        put = self.state.replicas_planned(spec.id, tuple(candidates[:k])) if k else None
+        return CopyPlan(k, tuple(candidates), () if put is None else (PutKV(put.key, put.value),))
+
+    async def replicate(self, spec: m.TaskSpec, plan: CopyPlan | None = None) -> int:
+        """Copies of a just-journaled submission at other nodes (node/replicas.py),
+        before its answer: the first k of the rendezvous order that answer (the next
+        ones in order stand in for those that do not). Returns how many hold one.
+        `plan`: from plan_copies, its entry journaled with the task's record."""
+        plan = plan or attrs.evolve(self.plan_copies(spec), ops=())
+        k, candidates = plan.k, plan.candidates
         if k == 0:
             return 0
         chosen: list[m.NodeId] = []
@@ -143,7 +164,10 @@ class FailoverIO:
             if len(chosen) >= k:
                 break
             await one(node)
-        await self.execute(self.state.replicas_chosen(spec.id, tuple(chosen), msg.replicas))
+        planned = msg.replicas if plan.ops else ()
+        await self.execute(
+            self.state.replicas_chosen(spec.id, tuple(chosen), msg.replicas, planned)
+        )
         if len(chosen) < k:
             self.log.warning("replica.short", task=spec.id, wanted=k, held=len(chosen))
             asked = ", ".join(candidates)

@@ -88,7 +88,11 @@ def test_the_home_keeps_its_replica_current_then_releases_it() -> None:
     why, instrs = h.state.offer("t1", runner, 0.0, 0.0)
     assert why is None
     h.run(instrs)
-    net.settle()  # the commit tells the replica at once (the tick would again, unanswered)
+    net.settle()
+    # the commit does not tell the replica: the next failover tick does (a task that
+    # ends before it costs no runner message)
+    assert h.replica_out == []
+    _tick(h, 1.0)
     assert [(i.dest, i.msg.kind, i.msg.runner) for i in h.replica_out] == [(r, RUNNER, runner)]
     assert _deliver(h, nodes) == 1
     assert nodes[r].state.held["t1"].runner == runner
@@ -107,6 +111,47 @@ def test_the_home_keeps_its_replica_current_then_releases_it() -> None:
     assert nodes[r].state.held["t1"].final is not None
     assert nodes[r].kv[REPLICA + "t1"]["final"]["state"] == "succeeded"
     assert "t1" not in h.state.mine and REPLICAS + "t1" not in h.kv
+
+
+def test_a_task_that_ends_before_the_tick_costs_its_copy_the_release_alone() -> None:
+    """Issue 23: of a copy's three messages (hold, runner, release), a short remote
+    task skips the runner: the home tells its replica the runner at the next failover
+    tick, and by then the task has ended, so the release (with how) is all it owes."""
+    h, b, c, net, _, r = _submitted()
+    nodes = {"H": h, "B": b, "C": c}
+    runner = "C" if r == "B" else "B"
+    why, instrs = h.state.offer("t1", runner, 0.0, 0.0)
+    assert why is None
+    h.run(instrs)
+    net.settle()
+    nodes[runner].try_start("t1")
+    nodes[runner].finish("t1", 0)
+    net.settle()
+    assert h.state.records.finished["t1"].state is S.SUCCEEDED
+    assert [(i.dest, i.msg.kind) for i in h.replica_out] == [(r, RELEASE)]
+    assert _deliver(h, nodes) == 1
+    _tick(h, 1.0)
+    assert h.replica_out == []  # nothing else owed: no runner message at all
+    assert nodes[r].state.held["t1"].final is not None
+    assert "t1" not in h.state.mine and REPLICAS + "t1" not in h.kv
+
+
+def test_a_submission_names_its_replicas_with_its_record_and_writes_them_once() -> None:
+    """Issue 23: the nodes asked for copies are journaled with the task's own record
+    (`replicas_planned`); when they are the ones that answer, no second write; when a
+    stand-in answered instead, the entry is rewritten; when none did, it goes."""
+    (h,) = _nodes("H")
+    put = h.state.replicas_planned("t1", ("B",))
+    assert put is not None and (put.key, put.value) == (REPLICAS + "t1", ["B"])
+    assert h.state.replicas_planned("t1", ()) is None
+    assert h.state.replicas_chosen("t1", ("B",), ("B",), planned=("B",)) == []
+    assert h.state.mine["t1"] == ("B",)
+    [p] = h.state.replicas_chosen("t2", ("C",), ("B",), planned=("B",))
+    assert isinstance(p, ev.Persist) and p.durable
+    assert p.ops == (ev.Put(REPLICAS + "t2", ["C"]),)
+    [p] = h.state.replicas_chosen("t3", (), ("B",), planned=("B",))
+    assert isinstance(p, ev.Persist) and p.ops == (ev.Delete(REPLICAS + "t3"),)
+    assert "t3" not in h.state.mine
 
 
 def test_a_replica_adopts_a_task_queued_at_its_dead_home_and_places_it() -> None:
