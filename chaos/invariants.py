@@ -618,6 +618,11 @@ FAULT_SLACK = 15.0
 # A start journaled this long before a kill -9 of its node may be lost with the
 # journal's queue (docs/chaos.md, known limits).
 UNJOURNALED_WINDOW = 5.0
+# A kill or loss is recorded as it begins; a task's supervisor (which outlives its
+# agent) may still start the process it was asked to start in the moment before the
+# fault reaches it, after the agent is gone (home-loss, seed 1031: a start 0.1 s after
+# `lose(n3)` began, never journaled by the dead agent)
+KILL_LANDS = 2.0
 # Faults that can stop a run or make a home give up on it: a kill (orphans killed at
 # the restart, runs re-queued), a freeze or a cut (a home re-places what it cannot
 # hear from), a transport restart (shutdown re-queues).
@@ -687,7 +692,7 @@ def _killed_after(faults: Iterable[FaultWindow], node: str, t: float, within: fl
     return any(
         node in f.nodes
         and (
-            (f.kind in ("kill", "lose") and t <= f.start <= t + within)
+            (f.kind in ("kill", "lose") and t - KILL_LANDS <= f.start <= t + within)
             or (f.kind == "disk-full" and f.start - 1.0 <= t <= f.end + FAULT_SLACK)
         )
         for f in faults

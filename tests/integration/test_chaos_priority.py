@@ -132,6 +132,12 @@ def test_an_execution_no_journal_started_breaks_execution_recorded() -> None:
     assert "3 executions there" in violations[0].detail
     # a kill -9 right after that start may have lost the queued write: excused
     assert inv.check_recorded({"t1": [*runs, extra]}, journals, [kill("n2", 7.0, 9.0)]) == []
+    # so may a kill that began just before it: the task's supervisor outlives its agent
+    # and may start the process after the agent died (home-loss, seed 1031)
+    elsewhere = run("n4", 1, 6.5, None)  # n4's journal has no start of t1
+    assert inv.check_recorded({"t1": [elsewhere]}, journals, [kill("n4", 5.0, 9.0)]) == []
+    early = inv.check_recorded({"t1": [elsewhere]}, journals, [kill("n4", 4.0, 9.0)])
+    assert [v.invariant for v in early] == [inv.RECORDED]  # 2.5 s before: not that
 
 
 def test_two_executions_at_once_break_one_execution_at_a_time() -> None:
