@@ -143,6 +143,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
         agent = Agent(config)
     except ConfigError as e:
         raise CliError(f"config error: {e}", EXIT_USAGE) from None
+    from .runtime.gctune import tune_gc
+
+    tune_gc()  # a burst's heap growth set off full collections of 0.5 s each
     try:
         trio.run(agent.run)
     except OSError as e:

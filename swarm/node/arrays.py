@@ -21,9 +21,12 @@ array and index), with `SWARM_ARRAY_ID`/`SWARM_ARRAY_INDEX` in its environment a
   array's progress (`array:<id>`: the next element, counts, the worst exit) after
   them, so a restarted home goes on from where it was, never creating an element
   twice: an element found among the records past the journaled `next` moves it on.
-- Elements are found ending by a look at the unfinished ones, every `TICK` seconds
-  while an array is active (at most K or WINDOW records each time), and at once when
-  an element ends here.
+- An element's end reaches its array at once: when it ends here, and when its
+  runner's report of the end reaches the home (node/location.py). A look at the
+  unfinished ones every `TICK` seconds while an array is active (at most K or WINDOW
+  records each time) catches the other ways an element ends (cancelled while queued
+  here, lost with its node); at 10,000 unfinished elements a look every 0.25 s took
+  ~7 % of the home's loop during a burst (issue 23), so it is rare now.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ S = m.TaskState
 ARRAY = "array:"  # journal key: array:<id> -> progress (ArrayState.record)
 WINDOW = 10_000  # unfinished elements of an array without a cap
 CHUNK = 256  # elements created (and placed) per turn: the event loop breathes between
-TICK = 0.25  # seconds between looks at an active array's unfinished elements
+TICK = 2.0  # seconds between looks at an active array's unfinished elements
 
 
 def element_id(array: m.TaskId, index: int) -> m.TaskId:
@@ -60,6 +63,7 @@ class ArrayState:
     done: dict[str, int] = attrs.field(factory=dict)  # final state -> elements
     worst: int = 0  # the highest exit status of an element that did not succeed
     cancelled: str = ""  # why, once `swarm cancel ID` came: nothing more is created
+    counted: bool = False  # ends counted since the progress was last journaled
 
     def record(self, wall: float) -> dict[str, Any]:
         return {
@@ -174,12 +178,13 @@ class Arrays:
         self.due.pop("array_fill", None)
         out: list[ev.Instruction] = []
         for tid, a in list(self.arrays.items()):
-            if a.room():
+            if a.room() or a.counted:
                 out += self._fill(tid, a, now, wall)
         return out
 
     def array_element_ended(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
-        """An element ended here: the next one comes at once, not at the next look."""
+        """An element ended (here, or its runner's report of the end came): the next
+        one comes at once, not at the next look."""
         role = task.spec.element
         if role is None or not task.state.terminal:
             return []
@@ -227,10 +232,20 @@ class Arrays:
     def _ended(
         self, tid: m.TaskId, a: ArrayState, ended: Iterable[m.Task], now: float, wall: float
     ) -> list[ev.Instruction]:
+        """Count the ends; the next elements come (and the progress is journaled) at
+        the loop's next turn, one CHUNK per turn: filling at each end made a batch of
+        reports create thousands of elements in one step (issue 23: the placed rate
+        halved)."""
         for t in ended:
             a.live.discard(t.id)
             self._count(a, t)
-        return self._fill(tid, a, now, wall, changed=True)
+        a.counted = True
+        if a.finished():
+            return self._fill(tid, a, now, wall)
+        if "array_fill" in self.due:
+            return []
+        self.due["array_fill"] = now
+        return [ev.WakeAt(now)]
 
     @staticmethod
     def _count(a: ArrayState, t: m.Task) -> None:
@@ -239,9 +254,7 @@ class Arrays:
             known = t.exit_code is not None or t.signal is not None
             a.worst = max(a.worst, (m.exit_status(t.exit_code, t.signal) if known else 1) or 1)
 
-    def _fill(
-        self, tid: m.TaskId, a: ArrayState, now: float, wall: float, changed: bool = False
-    ) -> list[ev.Instruction]:
+    def _fill(self, tid: m.TaskId, a: ArrayState, now: float, wall: float) -> list[ev.Instruction]:
         """Create elements up to the cap (or the window); journal the progress after
         them; end the record when every element has ended."""
         rec = self.records.active.get(tid)
@@ -270,7 +283,8 @@ class Arrays:
             a.live.add(eid)
             made += 1
             out += [ev.Record(task), ev.Place(eid)]
-        if made or changed:
+        if made or a.counted:
+            a.counted = False
             out.append(ev.Persist((ev.Put(ARRAY + tid, a.record(wall)),)))
         if made and rec.state is S.QUEUED:
             new = self.records.apply(tid, S.RUNNING, wall, "elements placed", node=self.node)

@@ -96,6 +96,11 @@ class Location:
 
         def hedge_ran(self, t: m.Task, seconds: float) -> None: ...
 
+        def array_element_ended(
+            self, task: m.Task, now: float, wall: float
+        ) -> list[ev.Instruction]:
+            raise NotImplementedError
+
     # ------------------------------------------------------------ handoff
 
     def apply(
@@ -140,7 +145,7 @@ class Location:
         if isinstance(o, h.HolderLost):
             return self.on_holder_lost(o, wall)
         if isinstance(o, h.Reported):
-            return self.on_reported(o, wall)
+            return self.on_reported(o, now, wall)
         if isinstance(o, h.RunNow):
             return self.on_run_now(o.task_id, now, wall)
         if isinstance(o, h.Drop):
@@ -236,7 +241,7 @@ class Location:
         out.append(ev.Place(t.id))
         return out
 
-    def on_reported(self, o: h.Reported, wall: float) -> list[ev.Instruction]:
+    def on_reported(self, o: h.Reported, now: float, wall: float) -> list[ev.Instruction]:
         t = self.records.active.get(o.task_id)
         if t is None:
             return []
@@ -250,7 +255,7 @@ class Location:
             self.hedge_ran(t, r.at - r.started)  # the runner's clock: its run's length
         self.fence_ended(t.id)
         self.pending_cancel.discard(t.id)
-        _, rec = self._change(
+        new, rec = self._change(
             t.id,
             FINAL_STATES[r.state],
             wall,
@@ -261,8 +266,14 @@ class Location:
             signal=r.signal,
         )
         # its replicas let go at once: a home that died before telling them would leave
-        # a replica that runs the finished task again
-        return [*out, rec, *self.replica_update(t.id)]
+        # a replica that runs the finished task again; an array's element ended: the
+        # array counts it now (its next element comes), not at its next look
+        return [
+            *out,
+            rec,
+            *self.replica_update(t.id),
+            *self.array_element_ended(new, now, wall),
+        ]
 
     def on_run_now(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]:
         e = self.guest.entries.get(tid)

@@ -426,6 +426,12 @@ class Placing:
     def wake(self, now: float, wall: float) -> list[ev.Instruction]:
         """Time passed, or a peer's report or join came in: jobs go on where they can."""
         out: list[ev.Instruction] = []
-        for tid in list(self.jobs):
+        for tid in self.jobs_not_offered():
             out += self.step(tid, now, wall)
         return out
+
+    def jobs_not_offered(self) -> list[m.TaskId]:
+        """The jobs a wake or a report may carry on: not those whose offer is out (its
+        answer moves them, and `step` returns at once for them). During a burst
+        thousands of offers are out, and each wake stepped every one (issue 23)."""
+        return [tid for tid, job in self.jobs.items() if job.offered is None]

@@ -189,6 +189,7 @@ class NodeState(
         self.preempted_at: deque[float] = deque()
         self.preempting: dict[m.TaskId, m.TaskId] = {}
         self.share_cache: tuple[float, dict[str, Any]] | None = None
+        self.work_cache: tuple[float, dict[str, float | int]] | None = None
         self.quota_epoch = 0
         self.quota_memo: dict[str, tuple[int, str]] = {}
         self.demand_log: dict[str, deque[tuple[float, int]]] = {}

@@ -46,6 +46,7 @@ class Timers:
         def tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
         def handoff_busy(self) -> bool: ...
         def step(self, tid: m.TaskId, now: float, wall: float) -> list[ev.Instruction]: ...
+        def jobs_not_offered(self) -> list[m.TaskId]: ...
         def usage_record(self, wall: float) -> ev.Persist: ...
         def gang_tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
         def array_tick(self, now: float, wall: float) -> list[ev.Instruction]: ...
@@ -105,7 +106,7 @@ class Timers:
             out += self.deps_tick(now, wall)
         if "backups" in due and now >= due["backups"]:
             out += self.backup_tick(now, wall)
-        for tid in list(self.jobs):
+        for tid in self.jobs_not_offered():
             out += self.step(tid, now, wall)
         if due:
             out.append(ev.WakeAt(min(due.values())))
@@ -129,7 +130,7 @@ class Timers:
                 for g in self.sharing.groups
             ):
                 out.append(ev.KickRunner())  # a capped group's share may have freed up
-        for tid in list(self.jobs):
+        for tid in self.jobs_not_offered():
             out += self.step(tid, now, wall)
         if self.gang_coords:
             out += self.gang_view_changed(now, wall)

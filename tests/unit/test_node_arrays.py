@@ -11,7 +11,7 @@ import pytest
 from swarm import model as m
 from swarm import wire
 from swarm.node import events as ev
-from swarm.node.arrays import ARRAY, CHUNK, WINDOW, element_id, restore_array_progress
+from swarm.node.arrays import ARRAY, CHUNK, TICK, WINDOW, element_id, restore_array_progress
 from swarm.node.state import Settings
 from swarm.request_checks import submit_spec
 
@@ -39,7 +39,9 @@ class ArrayNode(FakeNode):
         return [t for t in self.state.records.active.values() if t.spec.element is not None]
 
     def end(self, tid: str, code: int = 0, now: float | None = None) -> None:
-        self.clock += 1.0
+        """The element's record ends by a way that does not tell its array (the look
+        every TICK seconds finds it)."""
+        self.clock += TICK
         now = self.clock if now is None else now
         dst = S.SUCCEEDED if code == 0 else S.FAILED
         t = self.state.records.active[tid]
@@ -47,7 +49,7 @@ class ArrayNode(FakeNode):
             t = self.state.records.apply(tid, S.RUNNING, 1000.0 + now, "started", node="A")
         done = self.state.records.apply(tid, dst, 1000.0 + now, f"exit {code}", exit_code=code)
         self.run([ev.Record(done, durable=True)])
-        self.run(self.state.handle(ev.Wake(now + 1.0, 1001.0 + now, "w")))
+        self.run(self.state.handle(ev.Wake(now + TICK, 1000.0 + now + TICK, "w")))
 
 
 def test_elements_come_up_to_the_cap_and_one_more_as_each_ends() -> None:
@@ -89,6 +91,27 @@ def test_an_array_without_a_cap_keeps_a_window_of_elements() -> None:
     n.run(n.state.handle(ev.Wake(51.0, 1051.0, "again")))
     assert len(n.elements()) == WINDOW
     assert turns == -(-WINDOW // CHUNK) - 1
+
+
+def test_many_ends_at_once_make_one_chunk_per_turn() -> None:
+    """Issue 23: ends arriving together (a batch of runners' reports) count at once,
+    but the elements they make room for still come CHUNK per turn of the loop: making
+    them at each end created thousands in one step and halved the placed rate."""
+    n = ArrayNode()
+    spec = n.submit_array("0-99999%600")
+    while len(n.elements()) < 600:
+        n.run(n.state.handle(ev.Wake(1.0, 1001.0, "fill")))
+    out: list[ev.Instruction] = []
+    for t in n.elements()[:400]:
+        t = n.state.records.apply(t.id, S.RUNNING, 1002.0, "started", node="A")
+        done = n.state.records.apply(t.id, S.SUCCEEDED, 1002.0, "exit 0", exit_code=0)
+        n.run([ev.Record(done, durable=True)])
+        out += n.state.array_element_ended(done, 2.0, 1002.0)
+    assert n.state.array_counts(spec.id) == {"succeeded": 400, "queued": 200, "pending": 99400}
+    assert len(n.elements()) == 200 and out == [ev.WakeAt(2.0)]  # one turn owed
+    n.run(n.state.handle(ev.Wake(2.0, 1002.0, "turn")))
+    assert len(n.elements()) == 200 + CHUNK
+    assert n.kv[ARRAY + spec.id]["done"] == {"succeeded": 400}  # journaled with them
 
 
 def test_all_succeeded_is_success_and_cancel_stops_creating() -> None:
@@ -158,3 +181,31 @@ def test_explain_says_where_an_array_stands() -> None:
     n.state.array_cancel(spec.id, "cancelled by uid 0", 1001.0)
     assert "no more are created" in (n.state.array_explain(spec.id) or "")
     assert n.state.array_explain("nope") is None
+
+
+def test_an_element_that_ends_at_another_node_lets_the_next_come_at_once() -> None:
+    """Issue 23: the runner's report of an element's end counts it in its array at
+    once (node/location.py): with a cap of 1, the next element is made at the loop's
+    next turn after the report lands, not at the array's next look (TICK seconds
+    later)."""
+    from .node_harness import FakeNet
+
+    h = ArrayNode()
+    b = FakeNode("B")
+    net = FakeNet(h, b)
+    spec = h.submit_array("0-2%1")
+    [first] = h.elements()
+    why, instrs = h.state.offer(first.id, "B", 0.0, 0.0)
+    assert why is None
+    h.run(instrs)
+    net.settle()
+    assert b.try_start(first.id) is None
+    b.finish(first.id, 0)
+    net.settle()  # the report reaches the home
+    assert h.state.records.get_cached(first.id).state is S.SUCCEEDED
+    assert h.state.array_counts(spec.id) == {"succeeded": 1, "pending": 2}
+    turn = h.state.due["array_fill"]  # the next turn of the loop, not the look
+    assert turn < h.state.due["arrays"]
+    h.run(h.state.handle(ev.Wake(turn, 1000.0 + turn, "w")))
+    assert [t.id for t in h.elements()] == [element_id(spec.id, 1)]
+    assert h.state.array_counts(spec.id) == {"succeeded": 1, "queued": 1, "pending": 1}
