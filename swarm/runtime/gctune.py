@@ -15,9 +15,9 @@ counting when dropped) and runs the young generations less often and the oldest 
 less often. Young cycles (trio's frames, exceptions with their tracebacks) are still
 collected by the frequent young collections; the quarter-growth rule still guards
 the oldest one. Measured (`bench/placement.py --mode array`, the home's collector
-timed by a callback): 0.4 s of collection while placing 10,000 elements instead of
-3.7 s, and the burst placed in 4.6-5.0 s instead of 7.7 s. The client and the tests
-keep Python's defaults.
+timed by a callback): 0.4-0.6 s of collection while placing 10,000 elements instead
+of 3.7 s, and the burst placed in 4.75-4.9 s instead of 7.7 s (docs/benchmarks.md).
+The client and the tests keep Python's defaults.
 """
 
 from __future__ import annotations
