@@ -124,7 +124,7 @@ class Effects:
             await self.journal.commit([PutTask(i.task)], must_land=True)
             self.table.wake(i.task.id)
         elif isinstance(i, ev.Persist):
-            await self.journal.commit(_kv_ops(i.ops), must_land=True)
+            await self.journal.commit(kv_ops(i.ops), must_land=True)
         elif isinstance(i, ev.StopRun):
             if i.reason is None:
                 await self.runner.cancel(i.task_id)
@@ -237,7 +237,7 @@ def _ops_of(i: ev.Instruction, node: m.NodeId) -> list[Any] | None:
     if isinstance(i, ev.Record):
         return [PutTask(i.task)]
     if isinstance(i, ev.Persist):
-        return list(_kv_ops(i.ops))
+        return list(kv_ops(i.ops))
     if isinstance(i, ev.Explain):
         return [JEvent(i.record["at"], "decision", i.task_id, node, i.record)]
     if isinstance(i, ev.Forget):
@@ -245,5 +245,6 @@ def _ops_of(i: ev.Instruction, node: m.NodeId) -> list[Any] | None:
     return None
 
 
-def _kv_ops(ops: tuple[ev.Put | ev.Delete, ...]) -> list[PutKV | DelKV]:
+def kv_ops(ops: tuple[ev.Put | ev.Delete, ...]) -> list[PutKV | DelKV]:
+    """The journal operations of the state's key-value writes."""
     return [PutKV(o.key, o.value) if isinstance(o, ev.Put) else DelKV(o.key) for o in ops]

@@ -18,7 +18,8 @@ from ..node import events as ev
 from ..node.failover import NOTICES_PER_MESSAGE
 from ..node.replicas import ReplicaMsg, replica_msg_from_wire
 from ..node.state import NodeState
-from .journal import PutKV
+from .effects import kv_ops
+from .journal import DelKV, PutKV
 from .net import TransportError
 from .peers import ClusterNode, RemoteError
 from .replicabatch import ReplicaOutbox
@@ -32,7 +33,7 @@ class CopyPlan:
 
     k: int
     candidates: tuple[m.NodeId, ...]
-    ops: tuple[PutKV, ...] = ()
+    ops: tuple[PutKV | DelKV, ...] = ()
 
 
 class FailoverIO:
@@ -139,14 +140,13 @@ class FailoverIO:
         live = [mb.node for mb in mship.alive_members()] if mship is not None else []
         k, candidates = self.state.choose_replicas(spec.id, live)
         put = self.state.replicas_planned(spec.id, tuple(candidates[:k])) if k else None
-        return CopyPlan(k, tuple(candidates), () if put is None else (PutKV(put.key, put.value),))
+        return CopyPlan(k, tuple(candidates), () if put is None else tuple(kv_ops((put,))))
 
-    async def replicate(self, spec: m.TaskSpec, plan: CopyPlan | None = None) -> int:
+    async def replicate(self, spec: m.TaskSpec, plan: CopyPlan) -> int:
         """Copies of a just-journaled submission at other nodes (node/replicas.py),
         before its answer: the first k of the rendezvous order that answer (the next
         ones in order stand in for those that do not). Returns how many hold one.
         `plan`: from plan_copies, its entry journaled with the task's record."""
-        plan = plan or attrs.evolve(self.plan_copies(spec), ops=())
         k, candidates = plan.k, plan.candidates
         if k == 0:
             return 0

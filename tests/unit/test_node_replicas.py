@@ -81,7 +81,9 @@ def test_replicas_by_cluster_size_and_configured() -> None:
     assert k == 2 and len(order) == 4
 
 
-def test_the_home_keeps_its_replica_current_then_releases_it() -> None:
+def _handed_off() -> tuple[FakeNode, dict[str, FakeNode], FakeNet, str, str]:
+    """t1 submitted at H with its copy at the replica r, then handed off to the other
+    node (its runner)."""
     h, b, c, net, _, r = _submitted()
     nodes = {"H": h, "B": b, "C": c}
     runner = "C" if r == "B" else "B"
@@ -89,6 +91,11 @@ def test_the_home_keeps_its_replica_current_then_releases_it() -> None:
     assert why is None
     h.run(instrs)
     net.settle()
+    return h, nodes, net, r, runner
+
+
+def test_the_home_keeps_its_replica_current_then_releases_it() -> None:
+    h, nodes, net, r, runner = _handed_off()
     # the commit does not tell the replica: the next failover tick does (a task that
     # ends before it costs no runner message)
     assert h.replica_out == []
@@ -117,13 +124,7 @@ def test_a_task_that_ends_before_the_tick_costs_its_copy_the_release_alone() -> 
     """Issue 23: of a copy's three messages (hold, runner, release), a short remote
     task skips the runner: the home tells its replica the runner at the next failover
     tick, and by then the task has ended, so the release (with how) is all it owes."""
-    h, b, c, net, _, r = _submitted()
-    nodes = {"H": h, "B": b, "C": c}
-    runner = "C" if r == "B" else "B"
-    why, instrs = h.state.offer("t1", runner, 0.0, 0.0)
-    assert why is None
-    h.run(instrs)
-    net.settle()
+    h, nodes, net, r, runner = _handed_off()
     nodes[runner].try_start("t1")
     nodes[runner].finish("t1", 0)
     net.settle()
