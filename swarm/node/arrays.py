@@ -261,8 +261,8 @@ class Arrays:
         if rec is None:
             return []
         out: list[ev.Instruction] = []
-        made = 0
-        while a.room() and made < CHUNK:
+        made: list[m.TaskId] = []
+        while a.room() and len(made) < CHUNK:
             index = a.spec.nth(a.next)
             a.next += 1
             eid = element_id(tid, index)
@@ -281,8 +281,10 @@ class Arrays:
             task = m.new_task(spec, wall, self.node, f"element {index} of array {tid}")
             self.records.store(task)
             a.live.add(eid)
-            made += 1
-            out += [ev.Record(task), ev.Place(eid)]
+            made.append(eid)
+            out.append(ev.Record(task))
+        if made:
+            out.append(ev.PlaceMany(tuple(made)))
         if made or a.counted:
             a.counted = False
             out.append(ev.Persist((ev.Put(ARRAY + tid, a.record(wall)),)))

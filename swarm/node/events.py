@@ -117,6 +117,15 @@ class Place:
 
 
 @attrs.frozen
+class PlaceMany:
+    """Place these queued tasks whose home is here (an array's chunk of elements), each
+    as `Place` does; what their offers write is journaled in one commit and their sends
+    leave after it, instead of a task of its own and a commit for each (issue 23)."""
+
+    task_ids: tuple[m.TaskId, ...]
+
+
+@attrs.frozen
 class OfferOutcome:
     """The outcome of an offer a placement waits for."""
 
@@ -273,6 +282,7 @@ Instruction = (
     | Preempt
     | MoveHook
     | Place
+    | PlaceMany
     | OfferOutcome
     | SendHandoff
     | LoadChanged

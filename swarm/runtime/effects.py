@@ -26,6 +26,9 @@ from .runner import LocalRunner
 from .tasks import TaskTable
 from .transfers import TransferIO
 
+if TYPE_CHECKING:
+    from ..node.state import NodeState
+
 
 class MoveHooks(Protocol):
     """What the driver asks of the migration side (runtime/moving.Migrator), named
@@ -71,7 +74,12 @@ class Effects:
         def sample_now(self) -> None: ...
         def publish_load(self, report: m.LoadReport | None = None) -> None: ...
         def load_changed(self) -> None: ...
+
+        state: NodeState
+
         def place_soon(self, tid: m.TaskId) -> None: ...
+        def _time(self) -> tuple[float, float]: ...
+        def _next_id(self) -> str: ...
 
     def run_inline(self, instrs: list[ev.Instruction]) -> None:
         """Carry out what needs no await now, in the caller's turn; from the first
@@ -81,6 +89,21 @@ class Effects:
                 self._spawn(self.execute, instrs[n:])
                 return
             self._do(i)
+
+    def place_many(self, tids: tuple[m.TaskId, ...]) -> None:
+        """Place many tasks at once (an array's chunk), each decided as place_soon does;
+        the work each placement defers (its offer: journal writes, then the send) is
+        carried out together, in one task with one journal commit (issue 23: a task and
+        a commit per element were ~5 % of the home's loop in a burst)."""
+        if self._nursery is None:
+            return
+        now, wall = self._time()
+        stimuli = [ev.PlaceTask(now, wall, self._next_id(), tid) for tid in tids]
+        instrs = self.state.handle(*stimuli)
+        later = [x for i in instrs if isinstance(i, ev.Later) for x in i.instructions]
+        self.run_inline([i for i in instrs if not isinstance(i, ev.Later)])
+        if later:
+            self._spawn(self.execute_batch, later)
 
     async def execute(self, instrs: list[ev.Instruction]) -> None:
         for i in instrs:
@@ -167,6 +190,8 @@ class Effects:
             self.load_changed()
         elif isinstance(i, ev.Place):
             self.place_soon(i.task_id)
+        elif isinstance(i, ev.PlaceMany):
+            self.place_many(i.task_ids)
         elif isinstance(i, ev.OfferOutcome):
             w = self._offer_waiters.pop(i.task_id, None)
             if w is not None:

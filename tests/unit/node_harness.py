@@ -87,6 +87,8 @@ class FakeNode:
                 self.outbox.append(i.send)
             elif isinstance(i, ev.Place):
                 self.placements.append(i.task_id)
+            elif isinstance(i, ev.PlaceMany):
+                self.placements.extend(i.task_ids)
             elif isinstance(i, ev.OfferOutcome):
                 self.outcomes.append((i.task_id, i.ok, i.reason))
                 if not i.ok and self.retry_failed_offers:

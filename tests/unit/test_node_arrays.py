@@ -114,6 +114,23 @@ def test_many_ends_at_once_make_one_chunk_per_turn() -> None:
     assert n.kv[ARRAY + spec.id]["done"] == {"succeeded": 400}  # journaled with them
 
 
+def test_a_chunk_of_elements_is_placed_by_one_instruction() -> None:
+    """Issue 23: the chunk's elements are recorded, then placed together (`PlaceMany`:
+    the driver carries their offers out in one task with one journal commit), not one
+    `Place` each."""
+    n = ArrayNode()
+    spec = n.submit_array("0-999")
+    out = n.state.handle(ev.Wake(50.0, 1050.0, "turn"))
+    many = [i for i in out if isinstance(i, ev.PlaceMany)]
+    assert not any(isinstance(i, ev.Place) for i in out)
+    assert len(many) == 1 and len(many[0].task_ids) == CHUNK
+    recorded = [i.task.id for i in out if isinstance(i, ev.Record) and i.task.id != spec.id]
+    assert list(many[0].task_ids) == recorded  # recorded first, in index order
+    assert out.index(many[0]) > max(
+        k for k, i in enumerate(out) if isinstance(i, ev.Record) and i.task.id != spec.id
+    )
+
+
 def test_all_succeeded_is_success_and_cancel_stops_creating() -> None:
     n = ArrayNode()
     spec = n.submit_array("1,5,7-9")
