@@ -403,8 +403,11 @@ class Journal:
         uses the write connection, so other tasks may run in between)."""
         with self._transaction() as c:
             for i in range(0, len(ops), WRITE_CHUNK):
+                if i:
+                    # between chunks only: a yield after the last one made every commit
+                    # wait a whole turn of a busy loop before its COMMIT (issue 23)
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 apply_ops(c, ops[i : i + WRITE_CHUNK], self.node)
-                await trio.lowlevel.cancel_shielded_checkpoint()
             if not ops:
                 _probe(c)
 
