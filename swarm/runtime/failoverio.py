@@ -19,10 +19,11 @@ from ..node.failover import NOTICES_PER_MESSAGE
 from ..node.replicas import ReplicaMsg, replica_msg_from_wire
 from ..node.state import NodeState
 from .effects import kv_ops
-from .journal import DelKV, PutKV
+from .journal import DelKV, JournalError, PutKV
 from .net import TransportError
 from .peers import ClusterNode, RemoteError
 from .replicabatch import ReplicaOutbox
+from .tasks import TaskTable
 
 
 @attrs.frozen
@@ -43,6 +44,7 @@ class FailoverIO:
     log: EventLog
     rpc_timeout: float
     replica_outbox: ReplicaOutbox
+    table: TaskTable
     _replica_inflight: set[tuple[m.NodeId, m.TaskId, str, m.NodeId | None]]
 
     if TYPE_CHECKING:  # provided by Driver and Effects
@@ -50,6 +52,7 @@ class FailoverIO:
         def _time(self) -> tuple[float, float]: ...
         def _next_id(self) -> str: ...
         def run_inline(self, instrs: list[ev.Instruction]) -> None: ...
+        def place_soon(self, tid: m.TaskId) -> None: ...
         async def execute(self, instrs: list[ev.Instruction]) -> None: ...
 
     async def rpc_succession(
@@ -132,6 +135,39 @@ class FailoverIO:
             finished_at=f.at,
             history=(*t.history, end),
         )
+
+    async def add_with_copies(self, spec: m.TaskSpec, wall: float) -> int:
+        """Journal a plain submission and make its copies (issue 19); how many hold one.
+
+        It is placed (and started, when it runs here) as soon as its record is written,
+        during the journal's fsync, and its copies are asked for then too: the answer
+        waits for both, the fsync and the copies, which overlap (issue 23: one after
+        the other, a lone submission waited for the sum). Who is to hold them is
+        journaled with the record. When the fsync fails after the write, the copies
+        are still awaited, so that the caller's undo (the task ends cancelled) releases
+        them; a write that fails asks for none."""
+        plan = self.plan_copies(spec)
+        held: list[int] = []
+        failed: JournalError | None = None
+
+        async def copy() -> None:
+            held.append(await self.replicate(spec, plan))
+
+        async with trio.open_nursery() as n:
+
+            def written(t: m.Task) -> None:
+                self.place_soon(t.id)
+                if plan.k:
+                    n.start_soon(copy)
+
+            try:
+                task = m.new_task(spec, wall, self.node)
+                await self.table.add(task, extra_ops=plan.ops, on_written=written)
+            except JournalError as e:
+                failed = e
+        if failed is not None:
+            raise failed
+        return held[0] if held else 0
 
     def plan_copies(self, spec: m.TaskSpec) -> CopyPlan:
         """Who is to hold copies of a submission, chosen before its record is written

@@ -176,17 +176,7 @@ class LocalOps(ExplainOps, GroupOps):
                     on_written=lambda t: start(t.id),
                 )
                 return {"id": spec.id}
-            # placed (and started, when it runs here) as soon as its record is written,
-            # during the journal's fsync; the answer waits for the fsync
-            # copies at other nodes (issue 19): the answer waits for them; who is to
-            # hold them is journaled with the record (one write before the answer)
-            plan = self.coord.plan_copies(spec)
-            await self.table.add(
-                m.new_task(spec, self.clock.wall(), self.node),
-                extra_ops=plan.ops,
-                on_written=lambda t: self.coord.place_soon(t.id),
-            )
-            copies = await self.coord.replicate(spec, plan)
+            copies = await self.coord.add_with_copies(spec, self.clock.wall())
         except JournalError as e:
             await self._unaccept(spec.id, f"journal write failed: {e}")
             raise RequestError("journal", f"task not accepted: journal write failed: {e}") from None
