@@ -6,7 +6,6 @@ Opened read-only; the agents are stopped (or at least quiet) when it is read.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ import attrs
 from swarm import codec, wire
 from swarm import model as m
 from swarm.runtime.journal import integrity_check
+from swarm.runtime.journaldb import decode_event
 
 
 @attrs.frozen
@@ -159,9 +159,8 @@ def _scale_event(seq: int, at: float, node: str, d: dict[str, Any]) -> ScaleEven
 
 
 def _json(text: Any) -> Any:
-    if not isinstance(text, str):
-        return None
+    """An event's data: msgpack bytes, or JSON text from an older agent."""
     try:
-        return json.loads(text)
+        return decode_event(text)
     except ValueError:
         return None

@@ -55,7 +55,6 @@ operations and their SQL, record encoding, file modes, WAL sizing) is
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -92,6 +91,7 @@ from .journaldb import (
     Recovered,
     apply_ops,
     connect,
+    decode_event,
     decode_task,
     describe_error,
     disk_full,
@@ -498,7 +498,7 @@ class Journal:
             out = []
             for (data,) in reversed(rows):
                 try:
-                    out.append(json.loads(data))
+                    out.append(decode_event(data))
                 except (TypeError, ValueError):
                     continue
             return out

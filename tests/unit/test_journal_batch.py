@@ -139,3 +139,37 @@ def test_a_probe_written_under_load_writes_its_row(tmp_path: Any) -> None:
         assert row is not None
     finally:
         j.close()
+
+
+async def test_events_are_msgpack_and_an_older_journals_json_still_reads(tmp_path: Any) -> None:
+    """Issue 23: an event's data is written as msgpack (3-4x cheaper than JSON); a
+    journal an older agent wrote holds JSON text in the same column, and both read
+    back through events_for (and the chaos checker's decode_event)."""
+    j = jr.Journal(tmp_path / "journal.db", node="n1")
+    odd = frozenset({"x"})  # no msgpack type: written as its str(), as JSON did
+    async with trio.open_nursery() as n:
+        await n.start(j.run)
+        await j.commit([jdb.Event(1.0, "decision", "t1", "", {"outcome": "new", "odd": odd})])
+        with sqlite3.connect(tmp_path / "journal.db") as c:
+            c.execute(
+                "INSERT INTO events(at, kind, task_id, node, data) VALUES(?,?,?,?,?)",
+                (2.0, "decision", "t1", "n1", '{"outcome": "old"}'),
+            )
+            c.execute(
+                "INSERT INTO events(at, kind, task_id, node, data) VALUES(?,?,?,?,?)",
+                (3.0, "decision", "t1", "n1", b"\xc1"),  # not msgpack: skipped
+            )
+        got = await j.events_for("t1", "decision")
+        n.cancel_scope.cancel()
+    j.close()
+    assert got == [{"outcome": "new", "odd": str(odd)}, {"outcome": "old"}]
+    with sqlite3.connect(tmp_path / "journal.db") as c:
+        blob = c.execute("SELECT data FROM events ORDER BY seq LIMIT 1").fetchone()[0]
+    assert isinstance(blob, bytes) and jdb.decode_event(blob)["outcome"] == "new"
+    assert jdb.decode_event('{"a": 1}') == {"a": 1}
+    for bad in (b"\xc1", 5, "{"):
+        try:
+            jdb.decode_event(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} decoded")
