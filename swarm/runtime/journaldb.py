@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import msgpack
 
 from .. import codec, wire
 from .. import model as m
@@ -325,9 +326,10 @@ def decode_event(data: Any) -> Any:
     (JSON text); ValueError when it is neither."""
     if isinstance(data, bytes):
         try:
-            return wire.unpack(data)
-        except wire.WireError as e:
-            raise ValueError(str(e)) from None
+            # our own journal: map keys need not be strings (JSON made them so)
+            return msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as e:  # msgpack raises several types on bad input
+            raise ValueError(f"event data: {e}") from None
     if isinstance(data, str):
         return json.loads(data)
     raise ValueError(f"event data of type {type(data).__name__}")

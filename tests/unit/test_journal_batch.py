@@ -167,6 +167,7 @@ async def test_events_are_msgpack_and_an_older_journals_json_still_reads(tmp_pat
         blob = c.execute("SELECT data FROM events ORDER BY seq LIMIT 1").fetchone()[0]
     assert isinstance(blob, bytes) and jdb.decode_event(blob)["outcome"] == "new"
     assert jdb.decode_event('{"a": 1}') == {"a": 1}
+    assert jdb.decode_event(jdb.encode_event({"gpus": {0: "a"}})) == {"gpus": {0: "a"}}
     for bad in (b"\xc1", 5, "{"):
         try:
             jdb.decode_event(bad)
