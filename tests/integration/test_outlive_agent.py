@@ -51,10 +51,12 @@ def test_kill_9_neither_kills_running_tasks_nor_reruns_ended_ones(
     marks.mkdir()
     os.chmod(tmp_path, 0o755)
     os.chmod(marks, 0o777)
-    # short tasks: each appends its id once, ends while the agent is down
+    # short tasks: each appends its id once, ends while the agent is down; long enough
+    # to be still running once the long task has started (with 1.5 s, under make test's
+    # load, one ended before the test saw them all running, and it waited for ever)
     short = [
         a.cli(
-            "submit", "--", "sh", "-c", f'sleep 1.5; echo "$SWARM_TASK_ID" >> {marks}/short'
+            "submit", "--", "sh", "-c", f'sleep 4; echo "$SWARM_TASK_ID" >> {marks}/short'
         ).stdout.strip()
         for _ in range(5)
     ]
