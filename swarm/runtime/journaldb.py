@@ -317,8 +317,13 @@ def encode_event(data: Any) -> bytes:
     """An event's data (a transition, a placement decision, a shares change), as
     msgpack: 3-4x cheaper to make than JSON (issue 23: encoding the decisions of an
     array burst was 6 % of the home's loop). Journals written before hold JSON text
-    in the same column; decode_event reads both."""
-    return wire.pack_lenient(data)
+    in the same column; decode_event reads both. A value msgpack has no type for
+    goes as its str() (an integer past 64 bits too); what fails even so goes as its
+    repr: an event must never fail the journal's transaction, which would wedge it."""
+    try:
+        return wire.pack_lenient(data)
+    except (TypeError, ValueError, OverflowError):
+        return wire.pack_lenient({"unencodable": repr(data)[:4096]})
 
 
 def decode_event(data: Any) -> Any:

@@ -168,6 +168,19 @@ async def test_events_are_msgpack_and_an_older_journals_json_still_reads(tmp_pat
     assert isinstance(blob, bytes) and jdb.decode_event(blob)["outcome"] == "new"
     assert jdb.decode_event('{"a": 1}') == {"a": 1}
     assert jdb.decode_event(jdb.encode_event({"gpus": {0: "a"}})) == {"gpus": {0: "a"}}
+    # past msgpack's 64 bits: its str (as JSON's default=str would not have needed)
+    assert jdb.decode_event(jdb.encode_event({"n": 2**70})) == {"n": str(2**70)}
+
+    class NoStr:
+        def __str__(self) -> str:
+            raise ValueError("no str")
+
+        def __repr__(self) -> str:
+            return "NoStr()"
+
+    # what cannot be packed even as its str goes as a repr, not as a failed write
+    got = jdb.decode_event(jdb.encode_event({"x": NoStr()}))
+    assert got == {"unencodable": "{'x': NoStr()}"}
     for bad in (b"\xc1", 5, "{"):
         try:
             jdb.decode_event(bad)
