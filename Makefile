@@ -36,12 +36,14 @@ demo: $(STAMP)
 # namespaces or on loopback, mostly waiting: ~5 min) and the rest of the integration
 # and security tests (~6 min). One after another they took 12 min on 2 cores.
 SLOW_TESTS = tests/integration/test_chaos_*.py tests/integration/test_elastic.py
+# each lane names its slowest tests, so that whoever rebalances the lanes has figures
+DURATIONS = --durations=12 --durations-min=5
 test: $(STAMP) sysdeps
 	@$(BYTECODE)
 	@unit_log=$$(mktemp); slow_log=$$(mktemp); \
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit >$$unit_log 2>&1 & unit=$$!; \
-	$(PY) -m pytest -q -p no:cacheprovider $(SLOW_TESTS) >$$slow_log 2>&1 & slow=$$!; \
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit \
+	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) tests/unit >$$unit_log 2>&1 & unit=$$!; \
+	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) $(SLOW_TESTS) >$$slow_log 2>&1 & slow=$$!; \
+	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) --ignore=tests/unit \
 		$(foreach t,$(wildcard $(SLOW_TESTS)),--ignore=$(t)); rest=$$?; \
 	wait $$slow; slows=$$?; wait $$unit; units=$$?; \
 	echo "--- chaos-harness and elastic tests (run alongside) ---"; cat $$slow_log; \
