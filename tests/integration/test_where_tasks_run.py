@@ -301,14 +301,18 @@ def test_migration_never_moves_a_task_where_its_constraints_fail(where: Where) -
             assert a.cli("drain").returncode == 0
         wait_for(lambda: _drained_seen(w1, {"w3", "w5"}), 20, "w3 and w5 drained in w1's view")
         with w1.client() as c:
-            load = [c.submit(["sleep", "120"], cwd="/", constraints=["node=w1"]) for _ in range(13)]
+            load = [c.submit(["sleep", "900"], cwd="/", constraints=["node=w1"]) for _ in range(13)]
+            # A restart costs the task's age a; the gain is (declared - a) x the slowdown
+            # difference, which the machine's load average shrinks (all agents share it).
+            # With 60 s declared, (60 - a) x 2 > 1.5 a closes at a = 34 s: on a loaded CI
+            # machine the undrain reached w1 later (stop 39). 600 s leaves minutes.
             movers = [
                 c.submit(
-                    ["sleep", "120"],
+                    ["sleep", "900"],
                     cwd="/",
                     constraints=["pool=a"],
                     migrate="restart",
-                    expected_runtime=60.0,
+                    expected_runtime=600.0,
                 )
                 for _ in range(3)
             ]
