@@ -336,7 +336,16 @@ def test_migration_never_moves_a_task_where_its_constraints_fail(where: Where) -
             with w1.client() as c:
                 return any(c.call("status", id=tid)["migrations"] for tid in movers)
 
-        wait_for(moved, 40, "a constrained task to migrate to w3 or w5")
+        try:
+            wait_for(moved, 40, "a constrained task to migrate to w3 or w5")
+        except AssertionError as e:  # say why w1 kept them: the figures of its last verdicts
+            last = [
+                (d.get("code"), d.get("outcome"))
+                for tid in movers
+                for d in explain(w1, tid)[-2:]
+                if d.get("kind") == "migration"
+            ]
+            raise AssertionError(f"{e}; w1's last migration decisions: {last}") from None
         with w1.client() as c:
             states = {tid: c.call("status", id=tid) for tid in movers}
         decisions = [d for tid in movers for d in explain(w1, tid) if d.get("kind") == "migration"]
