@@ -31,13 +31,14 @@ demo: $(STAMP)
 	@$(BYTECODE)
 	$(PY) -m swarm.demo
 
-# Three pytest processes at once, each report printed in turn: the unit tests
-# (CPU-bound, ~9 min), the chaos-harness and elastic-pool tests then the single-agent,
-# executor and systemd ones (agents in network namespaces or on loopback, mostly
-# waiting: ~9 min), and the rest of the integration and security tests (~9 min; all of
-# them in this lane took 13.5 min, the long pole, until stop 39). The placement and
-# migration tests stay in the last lane: in a fourth lane of their own, or after the
-# chaos harness, their load-driven decisions came too late (stops 38 and 39).
+# Three pytest processes at once, each report printed in turn: the unit tests then the
+# security ones (CPU-bound, then ~1 min of agents: ~9.5 min), the chaos-harness and
+# elastic-pool tests then the single-agent, executor and systemd ones (agents in
+# network namespaces or on loopback, mostly waiting: ~9.5 min), and the rest of the
+# integration tests (~10 min; with the security tests 11 min at stop 39, the long
+# pole). The placement and migration tests stay in the last lane: in a fourth lane of
+# their own, or after the chaos harness, their load-driven decisions came too late
+# (stops 38 and 39).
 SLOW_TESTS = tests/integration/test_chaos_*.py tests/integration/test_elastic.py \
 	$(addprefix tests/integration/test_,$(addsuffix .py,single_agent executor executor_races \
 	outlive_agent systemd_files systemd_nspawn systemd_signals journal_sync net discovery))
@@ -46,13 +47,13 @@ DURATIONS = --durations=12 --durations-min=5
 test: $(STAMP) sysdeps
 	@$(BYTECODE)
 	@unit_log=$$(mktemp); slow_log=$$(mktemp); \
-	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) tests/unit >$$unit_log 2>&1 & unit=$$!; \
+	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) tests/unit tests/security >$$unit_log 2>&1 & unit=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) $(SLOW_TESTS) >$$slow_log 2>&1 & slow=$$!; \
-	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) --ignore=tests/unit \
+	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) --ignore=tests/unit --ignore=tests/security \
 		$(foreach t,$(wildcard $(SLOW_TESTS)),--ignore=$(t)); rest=$$?; \
 	wait $$slow; slows=$$?; wait $$unit; units=$$?; \
 	echo "--- chaos-harness, elastic, single-agent, executor and systemd tests (run alongside) ---"; cat $$slow_log; \
-	echo "--- tests/unit (run alongside) ---"; cat $$unit_log; rm -f $$unit_log $$slow_log; \
+	echo "--- tests/unit, tests/security (run alongside) ---"; cat $$unit_log; rm -f $$unit_log $$slow_log; \
 	test $$rest -eq 0 -a $$slows -eq 0 -a $$units -eq 0
 
 test-fast: $(STAMP)
