@@ -171,7 +171,9 @@ def test_huge_state_on_a_slow_link_stays(make_agent: AgentFactory) -> None:
     overload(p1)
     with p1.client() as c:
         tid = c.submit(
-            ckpt_argv("big", "--state-bytes", str(2_000_000)),
+            # cancelled at the end: a 45 s run costs nothing and outlasts a loaded
+            # machine's slow join of p2, which a 15 s run may not
+            ckpt_argv("big", "--state-bytes", str(2_000_000), sleep=3 * SLEEP),
             cwd="/",
             migrate="checkpoint",
             expected_runtime=60.0,
@@ -199,7 +201,11 @@ def test_dry_run_only_records_what_it_would_do(make_agent: AgentFactory) -> None
     p1 = make_agent("p1", *LOOP, "--slots", "64", "--migration", "dry-run")
     overload(p1)
     with p1.client() as c:
-        tid = c.submit(ckpt_argv("dry"), cwd="/", migrate="checkpoint", expected_runtime=60.0)
+        # cancelled at the end: 45 s of run outlasts a loaded machine's slow join of p2
+        # (with 15 s, no decision came within 30 s in a four-lane trial, stop 39)
+        tid = c.submit(
+            ckpt_argv("dry", sleep=3 * SLEEP), cwd="/", migrate="checkpoint", expected_runtime=60.0
+        )
     wait_for(lambda: status(p1, tid)["task"]["state"] == "running", 30, "the task to start")
     join(make_agent, "p2", p1)
     wait_for(
