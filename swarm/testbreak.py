@@ -9,6 +9,11 @@ One more test-only knob, a number rather than a switch: SWARM_TEST_CLOCK_SKEW=S 
 S seconds (may be negative, at most 60 either way) to this agent's every reading of the
 system clock (runtime/clock.py `system_time`): the chaos suite's clock-skew scenario
 (network namespaces share the host's clock, so one node's clock cannot be set alone).
+And SWARM_TEST_LOAD_PER_CORE=L (>= 0) replaces the host's 1-minute load average per
+core in this agent's samples (runtime/sampler.py): agents on one machine share its
+load average, which the migration policy's slowdown reads, so a loaded test machine
+(three `make test` lanes: above 8 per core) made every peer look as slow as the
+overloaded node and a loopback migration test waited in vain (stop 40).
 
 Names (comma-separated):
   drop-acked     acknowledge some submissions (ids ending in 0-3) without journaling them
@@ -54,3 +59,15 @@ def clock_skew() -> float:
     except ValueError:
         return 0.0
     return max(-60.0, min(60.0, skew)) if skew == skew else 0.0
+
+
+@functools.cache
+def load_per_core() -> float | None:
+    """TEST-ONLY: the load average per core this agent reports (None: the host's)."""
+    if os.environ.get("SWARM_TEST_MODE") != "1":
+        return None
+    try:
+        value = float(os.environ.get("SWARM_TEST_LOAD_PER_CORE", "nan"))
+    except ValueError:
+        return None
+    return value if value >= 0 and value != float("inf") else None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from .. import testbreak
 from ..policy.load import HostSample
 
 __all__ = ["HostSample", "Sampler", "read_psi"]
@@ -58,9 +59,10 @@ class Sampler:
             load1 = 0.0
         vm = psutil.virtual_memory()
         ncpu = float(psutil.cpu_count() or 1)
+        forced = testbreak.load_per_core()  # None outside test mode
         return HostSample(
             cpu_util=util,
-            load_per_core=load1 / ncpu,
+            load_per_core=load1 / ncpu if forced is None else forced,
             cpus=self.cpus,
             mem_available=int(vm.available),
             mem_total=int(vm.total),

@@ -122,7 +122,18 @@ def where() -> Iterator[Where]:
         private = root / "priv"
         private.mkdir()
         wrapped = _private_python(root)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", SWARM_TEST_PRIVATE=str(private))
+        # The migration test compares nodes by their tasks per core; the machine's load
+        # average, which every agent here shares, reached 8 per core under make test
+        # and made every target look as slow as w1 (stop 40): each reports 0 instead.
+        env = dict(
+            os.environ,
+            PYTHONUNBUFFERED="1",
+            SWARM_TEST_PRIVATE=str(private),
+            SWARM_TEST_MODE="1",
+            SWARM_TEST_LOAD_PER_CORE="0",
+        )
+        env.pop("SWARM_TEST_BREAK", None)
+        env.pop("SWARM_TEST_CLOCK_SKEW", None)
         agents: dict[str, LocalAgent] = {}
         try:
             seed: list[str] = []
@@ -303,9 +314,8 @@ def test_migration_never_moves_a_task_where_its_constraints_fail(where: Where) -
         with w1.client() as c:
             load = [c.submit(["sleep", "900"], cwd="/", constraints=["node=w1"]) for _ in range(13)]
             # A restart costs the task's age a; the gain is (declared - a) x the slowdown
-            # difference, which the machine's load average shrinks (all agents share it).
-            # With 60 s declared, (60 - a) x 2 > 1.5 a closes at a = 34 s: on a loaded CI
-            # machine the undrain reached w1 later (stop 39). 600 s leaves minutes.
+            # difference (8 per core on w1 against ~1): with 60 s declared the move
+            # stops paying at a = 50 s, and a loaded machine reached that (stop 39).
             movers = [
                 c.submit(
                     ["sleep", "900"],
