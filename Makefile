@@ -32,11 +32,11 @@ demo: $(STAMP)
 	$(PY) -m swarm.demo
 
 # Three pytest processes at once, each report printed in turn: the unit tests then the
-# security ones (CPU-bound, then ~1 min of agents: ~9.5 min), the chaos-harness and
+# security ones (CPU-bound, then ~1 min of agents: ~8.5 min), the chaos-harness and
 # elastic-pool tests then the single-agent, executor and systemd ones (agents in
-# network namespaces or on loopback, mostly waiting: ~9.5 min), and the rest of the
-# integration tests (~10 min; with the security tests 11 min at stop 39, the long
-# pole). The placement and migration tests stay in the last lane: in a fourth lane of
+# network namespaces or on loopback, mostly waiting: ~8.5 min), and the rest of the
+# integration tests (~9 min; with the security tests 11 min at stop 39, the long
+# pole). Wall 9:11 at stop 40. The placement and migration tests stay in the last lane: in a fourth lane of
 # their own, or after the chaos harness, their load-driven decisions came too late
 # (stops 38 and 39).
 SLOW_TESTS = tests/integration/test_chaos_*.py tests/integration/test_elastic.py \
