@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from swarm.runtime import isolation as iso
 from swarm.runtime import shim as shimmod
+from swarm.runtime.procstart import write_control
 
 HERE = Path(__file__).resolve().parent
 CG = Path("/sys/fs/cgroup")
@@ -57,14 +58,6 @@ def own_groups() -> list[Path] | None:
             return None
         out.append(d)
     return out
-
-
-def write(path: Path, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
 
 
 class Starter:
@@ -96,7 +89,7 @@ class Starter:
             kwargs = {"pass_fds": (w,)}
         me = str(threading.get_native_id())
         for g in groups:
-            write(g / "tasks", me)
+            write_control(g / "tasks", me)
         try:
             p = subprocess.Popen(
                 argv,
@@ -112,7 +105,7 @@ class Starter:
             )
         finally:
             for h in self.homes:
-                write(h / "tasks", me)
+                write_control(h / "tasks", me)
         for fd in (w, out, err):
             if fd >= 0:
                 os.close(fd)

@@ -5,7 +5,7 @@ starts agents with `SWARM_TEST_MODE=1 SWARM_TEST_BREAK=<name>` and checks that t
 fails naming the violated invariant. Without SWARM_TEST_MODE=1 nothing here is ever
 active, whatever SWARM_TEST_BREAK says.
 
-One more test-only knob, a number rather than a switch: SWARM_TEST_CLOCK_SKEW=S adds
+Two test-only knobs, numbers rather than switches: SWARM_TEST_CLOCK_SKEW=S adds
 S seconds (may be negative, at most 60 either way) to this agent's every reading of the
 system clock (runtime/clock.py `system_time`): the chaos suite's clock-skew scenario
 (network namespaces share the host's clock, so one node's clock cannot be set alone).
@@ -26,6 +26,7 @@ Names (comma-separated):
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 NAMES = frozenset({"drop-acked", "ignore-drain", "oversubscribe", "ignore-constraints"})
@@ -70,4 +71,4 @@ def load_per_core() -> float | None:
         value = float(os.environ.get("SWARM_TEST_LOAD_PER_CORE", "nan"))
     except ValueError:
         return None
-    return value if value >= 0 and value != float("inf") else None
+    return value if math.isfinite(value) and value >= 0 else None
