@@ -48,6 +48,12 @@ def _cpu(a: LocalAgent) -> float:
     return t.user + t.system
 
 
+def _sys(a: LocalAgent) -> float:
+    """The kernel's share of `_cpu` (fork/exec, cgroup files, sockets, the journal)."""
+    assert a.proc is not None
+    return psutil.Process(a.proc.pid).cpu_times().system
+
+
 def one(
     root: Path, tasks: int, workers: int, replicas: int, argv: list[str], clients: int = CLIENTS
 ) -> dict[str, Any]:
@@ -74,6 +80,7 @@ def one(
                 raise SystemExit("cluster did not converge")
         time.sleep(2)  # the members' first reports and replica choices settle
         home0, run0 = _cpu(home), sum(_cpu(r) for r in runners)
+        hsys0, rsys0 = _sys(home), sum(_sys(r) for r in runners)
         ids: list[str] = []
 
         def submit(k: int) -> None:
@@ -106,6 +113,8 @@ def one(
             "submitted_per_s": n / submitted,
             "home_cpu_ms_per_task": (_cpu(home) - home0) / n * 1000,
             "runners_cpu_ms_per_task": (sum(_cpu(r) for r in runners) - run0) / n * 1000,
+            "home_sys_ms_per_task": (_sys(home) - hsys0) / n * 1000,
+            "runners_sys_ms_per_task": (sum(_sys(r) for r in runners) - rsys0) / n * 1000,
             # the copies' traffic (issue 23): messages and batches from the home
             "replica_msgs_per_task": counted.get("replica_msgs", 0) / n,
             "replica_rpcs_per_task": counted.get("replica_rpcs", 0) / n,
@@ -124,10 +133,11 @@ def main() -> None:
     ap.add_argument("--task", default="true", help="the task's command")
     ap.add_argument("--clients", type=int, default=CLIENTS, help="client threads submitting")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "remote_cost.json")
+    ap.add_argument("--dir", default="/tmp", help="where the agents' data directories go")
     args = ap.parse_args()
     settings = [int(x) for x in args.replicas.split(",")]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="swrc-", dir="/tmp") as tmp:
+    with tempfile.TemporaryDirectory(prefix="swrc-", dir=args.dir) as tmp:
         for r in range(args.rounds):
             for k, rep in enumerate(settings if r % 2 == 0 else settings[::-1]):
                 row = one(
@@ -142,8 +152,10 @@ def main() -> None:
                 print(
                     f"replicas {rep}: {row['submitted_per_s']:.0f} submitted/s"
                     f" ({args.clients} clients);"
-                    f" agent CPU per task: home {row['home_cpu_ms_per_task']:.2f} ms,"
-                    f" runners {row['runners_cpu_ms_per_task']:.2f} ms;"
+                    f" agent CPU per task: home {row['home_cpu_ms_per_task']:.2f} ms"
+                    f" (kernel {row['home_sys_ms_per_task']:.2f}),"
+                    f" runners {row['runners_cpu_ms_per_task']:.2f} ms"
+                    f" (kernel {row['runners_sys_ms_per_task']:.2f});"
                     f" copy messages {row['replica_msgs_per_task']:.2f} per task"
                     f" in {row['replica_rpcs_per_task']:.2f} batches;"
                     f" {row['remote']}/{row['tasks']} remote, {row['succeeded']} succeeded",

@@ -22,7 +22,7 @@ from .moves import keeps_state, never_moves
 from .records import TaskRecords
 
 S = m.TaskState
-NEEDS_CACHE = 100_000
+QUEUE_VIEWS_SLACK = 1024  # stale queue_view entries tolerated before a rebuild
 
 
 class LoadState:
@@ -43,7 +43,7 @@ class LoadState:
     flex: loadpol.FlexState
     peak: loadpol.PeakEstimator
     version: int
-    needs: dict[m.TaskId, pl.Needs]
+    queue_views: dict[m.TaskId, tuple[m.Task, tr.QueuedTask]]  # queue_view's, per task
     state_here: set[m.TaskId]
     admission_hook: Callable[[m.TaskSpec], str | None] | None
     share_cache: tuple[float, dict[str, Any]] | None
@@ -205,27 +205,51 @@ class LoadState:
         )
 
     def queue_view(self, now: float) -> list[tr.QueuedTask]:
-        """Queued (not started) tasks in the local run queue, as transfer sees them."""
-        out = []
+        """Queued (not started) tasks in the local run queue, as transfer sees them.
+
+        Transfer rounds, peers' probes and load reports each read the whole queue, so
+        with thousands queued this ran several times a second at ~2.5 us a task (a
+        runner with 4,000 queued spent ~25 ms/s here, idle; issue 23). A task's entry
+        is kept (`queue_views`) and reused while its record is the same object and
+        its arrival, pin and fair-share rank are unchanged: every input is still read
+        per task, only the entry's construction is saved."""
+        out: list[tr.QueuedTask] = []
         users: dict[tuple[int, str | None, int | None], int] = {}  # in order of first place
+        active = self.records.active
+        arrived_at = self.arrived
+        may_run = self.guest.may_run
+        here = self.state_here
+        cache = self.queue_views
+        node = self.node
         for tid in self.queued:
-            t = self.records.active.get(tid)
+            t = active.get(tid)
             if t is None or t.state is not S.QUEUED:
                 continue
+            spec = t.spec
             # the queue is in start order (class, fair share, arrival: runqueue.py), so
             # the order in which users first appear in a class is their fair-share rank
-            user = users.setdefault((t.spec.priority, t.spec.user, t.spec.uid), len(users))
-            pinned = t.spec.is_global or (t.spec.home != self.node and not self.guest.may_run(tid))
-            if not pinned:
-                pinned = self.state_held(t)  # its checkpoint is here, not there
-            needs = self.needs.get(tid)
-            if needs is None or len(self.needs) > NEEDS_CACHE:
-                if len(self.needs) > NEEDS_CACHE:
-                    self.needs.clear()
-                needs = self.needs[tid] = pl.Needs.of(t.spec)
-            arrived = self.arrived.get(tid, now)
-            rank = (-t.spec.priority, user)
-            out.append(tr.QueuedTask(tid, needs, t.spec.submitted_at, arrived, pinned, rank))
+            user = users.setdefault((spec.priority, spec.user, spec.uid), len(users))
+            # pinned: global, not (or no longer) ours to give, or its checkpoint is
+            # here, not there (state_held)
+            pinned = (
+                spec.is_global
+                or (spec.home != node and not may_run(tid))
+                or (tid in here and keeps_state(spec))
+            )
+            arrived = arrived_at.get(tid, now)
+            c = cache.get(tid)
+            if c is not None and c[0] is t:
+                q = c[1]
+                if q.arrived_at == arrived and q.pinned is pinned and q.rank[1] == user:
+                    out.append(q)
+                    continue
+            q = tr.QueuedTask(
+                tid, pl.Needs.of(spec), spec.submitted_at, arrived, pinned, (-spec.priority, user)
+            )
+            cache[tid] = (t, q)
+            out.append(q)
+        if len(cache) > 2 * len(out) + QUEUE_VIEWS_SLACK:  # entries of tasks gone
+            self.queue_views = {q.id: cache[q.id] for q in out}
         return out
 
 

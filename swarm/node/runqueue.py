@@ -203,17 +203,30 @@ class RunQueue:
         self.used_at = wall
         if not since or wall <= since:
             return
-        hl = self.sharing.half_life
+        # summed per principal first, then one decay-and-add each: this runs at every
+        # start and end and for every load report, over every running task (issue 23)
+        totals: dict[fair.Principal, list[float]] = {}
+        active = self.records.active
         for tid in self.running:
-            t = self.records.active.get(tid)
+            t = active.get(tid)
             if t is None:
                 continue
             dt = wall - max(since, t.started_at or since)
             if dt <= 0:
                 continue
-            amount = demand(t.spec).scaled(dt)
+            d = demand(t.spec)
+            row = (d.slots * dt, d.cpu * dt, d.mem * dt, d.gpu * dt)
             for p in self._principals(t.spec):
-                self.used[p] = self.used.get(p, fair.Decayed()).plus(amount, wall, hl)
+                acc = totals.get(p)
+                if acc is None:
+                    totals[p] = list(row)
+                else:
+                    for i, x in enumerate(row):
+                        acc[i] += x
+        hl = self.sharing.half_life
+        for p, acc in totals.items():
+            amount = fair.Resources(*acc)
+            self.used[p] = self.used.get(p, fair.Decayed()).plus(amount, wall, hl)
 
     @staticmethod
     def _principals(spec: m.TaskSpec) -> tuple[fair.Principal, ...]:
@@ -225,14 +238,16 @@ class RunQueue:
         self.accrue(wall)
         bands: dict[int, float] = {}
         groups: dict[str, list[int]] = {}
-        for tid, running in self._held():
-            t = self.records.active.get(tid)
-            if t is None:
-                continue
-            bands[t.spec.priority] = bands.get(t.spec.priority, 0.0) + t.spec.weight
-            if t.spec.group:
-                g = groups.setdefault(t.spec.group, [0, 0])
-                g[1 if running else 0] += 1
+        active = self.records.active
+        for held, running in ((self.queued, 0), (self.running, 1)):  # queued, then running
+            for tid in held:
+                t = active.get(tid)
+                if t is None:
+                    continue
+                spec = t.spec
+                bands[spec.priority] = bands.get(spec.priority, 0.0) + spec.weight
+                if spec.group:
+                    groups.setdefault(spec.group, [0, 0])[running] += 1
         self._log_demand(wall, groups)
         kept = fair.bounded(self.used, self.sharing.half_life, wall, lim.MAX_REPORT_PRINCIPALS)
         usage = [

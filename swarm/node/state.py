@@ -28,8 +28,8 @@ from ..cluster.succession import Succession
 from ..policy import fairness as fair
 from ..policy import gpu as gpupol
 from ..policy import load as loadpol
-from ..policy import placement as pl
 from ..policy import shares as sh
+from ..policy import transfer as tr
 from ..policy.charges import Charges
 from ..policy.hedge import HedgeConfig
 from ..policy.latebind import LateBinding, LateConfig
@@ -175,7 +175,7 @@ class NodeState(
         self.flex = loadpol.FlexState.initial(self.flex_cfg)
         self.peak = loadpol.PeakEstimator()
         self.version = int(wall * 1000)
-        self.needs: dict[m.TaskId, pl.Needs] = {}
+        self.queue_views: dict[m.TaskId, tuple[m.Task, tr.QueuedTask]] = {}  # loadstate
         self.jobs: dict[m.TaskId, Job] = {}
         self.explains: OrderedDict[m.TaskId, list[dict[str, Any]]] = OrderedDict()
         self.pending_cancel: set[m.TaskId] = set()  # cancel once the offer is decided

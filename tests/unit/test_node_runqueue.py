@@ -456,3 +456,74 @@ def test_cluster_usage_is_the_usage_maps_total_with_each_report_decayed_from_its
     old = m.LoadReport("b", 100_000 - 86_400_000, usage=(("alice", 8.0, 0, 0, 0),))
     got = rq.usage_totals([fresh, old], now=100.0, half_life=86_400.0)
     assert got["alice"].slots == pytest.approx(10.0 + 4.0)  # a day old: half
+
+
+# ------------------------------------------------------- transfer's queue view
+
+
+def _fresh_queue_view(n: FakeNode, now: float) -> list[tuple[object, ...]]:
+    """queue_view's answer worked out from scratch (no entry kept between calls)."""
+    from swarm.node.moves import keeps_state
+
+    st_ = n.state
+    users: dict[tuple[object, ...], int] = {}
+    out = []
+    for tid in n.queue:
+        t = st_.records.active.get(tid)
+        if t is None or t.state is not S.QUEUED:
+            continue
+        user = users.setdefault((t.spec.priority, t.spec.user, t.spec.uid), len(users))
+        pinned = (
+            t.spec.is_global
+            or (t.spec.home != st_.node and not st_.guest.may_run(tid))
+            or (keeps_state(t.spec) and tid in st_.state_here)
+        )
+        arrived = st_.arrived.get(tid, now)
+        rank = (-t.spec.priority, user)
+        out.append((tid, pl.Needs.of(t.spec), t.spec.submitted_at, arrived, pinned, rank))
+    return out
+
+
+def _as_rows(q: list[object]) -> list[tuple[object, ...]]:
+    return [(x.id, x.needs, x.queued_at, x.arrived_at, x.pinned, x.rank) for x in q]  # type: ignore[attr-defined]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["submit", "start", "reorder", "state", "arrive", "view"]),
+            st.integers(0, 7),
+            users,
+            prios,
+        ),
+        max_size=40,
+    )
+)
+def test_queue_view_keeps_entries_only_while_their_inputs_hold(
+    steps: list[tuple[str, int, str, int]],
+) -> None:
+    """The transfer policy's view of the queue reuses each task's entry between calls
+    (issue 23: with thousands queued it ran several times a second); whatever changes
+    in between (records, order, users' ranks, checkpoints held here, arrivals), it
+    answers as if worked out afresh, and hands back the same entry when nothing did."""
+    n = node_with(slots=2)
+    now = 0.0
+    for op, k, user, prio in steps:
+        now += 1.0
+        tid = f"t{k}"
+        if op == "submit" and tid not in n.state.records.active:
+            migrate = m.MigrateMode.CHECKPOINT if k % 2 else m.MigrateMode.RESTART
+            n.submit(spec(tid, user=user, priority=prio, submitted_at=now, migrate=migrate), now)
+            n.run_here(tid, now)
+        elif op == "start" and tid in n.queue:
+            n.try_start(tid, now=now, wall=now)
+        elif op == "reorder" and len(n.queue) > 1:
+            n.queue.rotate(k)
+        elif op == "state" and tid in n.queue:
+            n.state.note_state(tid, tid not in n.state.state_here)
+        elif op == "arrive" and tid in n.queue:
+            n.state.arrived[tid] = now
+        before = n.state.queue_view(now)
+        again = n.state.queue_view(now)
+        assert _as_rows(before) == _fresh_queue_view(n, now)
+        assert all(a is b for a, b in zip(before, again, strict=True))  # kept, not rebuilt
