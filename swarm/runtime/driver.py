@@ -406,7 +406,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
 
     def on_started(self, task: m.Task) -> None:
         now, wall = self._time()
-        self.state.needs.pop(task.id, None)
+        self.state.queue_views.pop(task.id, None)
         self.run_inline(self.state.handle(ev.TaskStarted(now, wall, self._next_id(), task)))
 
     def on_finished(self, task: m.Task) -> None:
