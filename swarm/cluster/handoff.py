@@ -29,6 +29,7 @@ Decisions in one output list must be applied, durably, before that list's sends.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -855,6 +856,11 @@ class GuestSide:
         return []
 
     def tick(self, now: float) -> list[Output]:
+        """Resend what is unanswered. An entry with nothing to send (ready, every
+        report acknowledged) is parked at `next_at = inf`: a runner with thousands of
+        queued guests ticks several times a second and they would all be looked at
+        each time (issue 23). Whatever gives an entry something to send again (a
+        report, a move, a confirm, a restore) sets its next_at."""
         out: list[Output] = []
         for e in self.entries.values():
             if e.next_at > now:
@@ -865,6 +871,7 @@ class GuestSide:
             elif e.report is not None:
                 out.append(Send(e.home, e.report))
             else:
+                e.next_at = math.inf
                 continue
             e.tries += 1
             e.next_at = now + _backoff(e.tries)

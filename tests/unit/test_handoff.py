@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -341,3 +342,25 @@ def test_only_a_settled_home_entry_can_be_forgotten() -> None:
     home.on_report("A", h.Report("t1", 1, "succeeded", exit_code=0))
     assert home.entries["t1"].revokes == {"A": 1}
     assert not home.settled("t1") and not home.forget("t1")
+
+
+def test_a_guest_with_nothing_to_send_is_parked_until_it_has() -> None:
+    """tick() parks an entry that has nothing to resend (issue 23: thousands of queued
+    guests were looked at on every tick); a start, an end or a move wakes it."""
+    g = h.GuestSide("A")
+    g.on_offer("H", h.Offer("t1", 1, SPEC), 0.0, None)
+    g.on_commit(h.Commit("t1", 1), 0.1)
+    assert g.tick(10.0) == [] and g.entries["t1"].next_at == float("inf")
+    (started,) = g.started("t1", 11.0)
+    assert g.tick(100.0) == [started]  # unanswered: sent again
+    g.on_reply("H", started.request, h.Reply("t1", 1, True), 100.1)
+    assert g.tick(200.0) == [] and g.entries["t1"].next_at == float("inf")
+    (final,) = g.finished(h.Report("t1", 1, "succeeded", exit_code=0, at=201.0), 201.0)
+    assert g.tick(300.0) == [final]
+    g2 = h.GuestSide("B")
+    g2.on_offer("H", h.Offer("t2", 1, attrs.evolve(SPEC, id="t2")), 0.0, None)
+    g2.on_commit(h.Commit("t2", 1), 0.1)
+    assert g2.tick(10.0) == []
+    (move,) = g2.request_move("t2", "C", 11.0)
+    assert g2.tick(100.0) == [h.Send("H", h.Query("t2", 1, g2.entries["t2"].seq, True))]
+    assert move.request == h.MoveRequest("t2", 1, "C")
