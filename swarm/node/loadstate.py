@@ -22,6 +22,9 @@ from .moves import keeps_state, never_moves
 from .records import TaskRecords
 
 S = m.TaskState
+REFRESH_MIN = 0.25  # seconds the report's share and work figures are kept, at least
+REFRESH_TASKS = 1000  # ... for up to this many tasks read, then longer in proportion
+REFRESH_MAX = 2.0  # ... but never longer than this
 QUEUE_VIEWS_SLACK = 1024  # stale queue_view entries tolerated before a rebuild
 
 
@@ -115,12 +118,14 @@ class LoadState:
         running count must not wait). The work figures keep their quarter second even
         then: nothing waits on them, and they read every record (during an array
         burst of 10,000 elements, recounting them at each start and end took ~4 % of
-        the home's loop; issue 23)."""
+        the home's loop; issue 23). With thousands of tasks the quarter second grows
+        in proportion (refresh_period): the figures move slowly against their size,
+        and a home holding an array's 10,000 records spent ~12 % of its loop here."""
         c = self.share_cache
-        if c is None or not 0 <= wall - c[0] < 0.25:
+        if c is None or not 0 <= wall - c[0] < refresh_period(len(self.queued) + len(self.running)):
             c = self.share_cache = (wall, self.share_fields(wall))
         w = self.work_cache
-        if w is None or not 0 <= wall - w[0] < 0.25:
+        if w is None or not 0 <= wall - w[0] < refresh_period(len(self.records.active)):
             w = self.work_cache = (wall, self.work_fields(wall))
         return {**c[1], **w[1]}
 
@@ -251,6 +256,13 @@ class LoadState:
         if len(cache) > 2 * len(out) + QUEUE_VIEWS_SLACK:  # entries of tasks gone
             self.queue_views = {q.id: cache[q.id] for q in out}
         return out
+
+
+def refresh_period(tasks: int) -> float:
+    """How long the report's share and work figures are kept, read over `tasks`
+    tasks: a quarter second up to REFRESH_TASKS of them, then in proportion (each
+    refresh costs ~1 us a task), up to REFRESH_MAX."""
+    return min(REFRESH_MAX, REFRESH_MIN * max(1.0, tasks / REFRESH_TASKS))
 
 
 def changed_meaningfully(old: m.LoadReport, new: m.LoadReport) -> bool:

@@ -558,7 +558,8 @@ class TransferPolicy:
             return "pulling myself"
         if now - self._last_took < self.cfg.switch_cooldown:
             return "took work recently"
-        if not movable_tasks(queue, now, self.cfg.task_cooldown):
+        cooldown = self.cfg.task_cooldown
+        if not any(t.movable(now, cooldown) for t in queue):  # not sorted just to ask
             return "no movable queued task"
         if not math.isinf(load) and load < thresholds(self.cfg, self.cluster.mean).send_exit:
             return f"not a sender (load {load:.6g})"

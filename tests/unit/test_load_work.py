@@ -16,7 +16,13 @@ from swarm import codec, wire
 from swarm import limits as lim
 from swarm import model as m
 from swarm.cluster.messages import load_from_compact, load_to_compact
-from swarm.node.loadstate import changed_meaningfully
+from swarm.node.loadstate import (
+    REFRESH_MAX,
+    REFRESH_MIN,
+    REFRESH_TASKS,
+    changed_meaningfully,
+    refresh_period,
+)
 from swarm.node.moves import never_moves
 from swarm.node.state import Settings
 
@@ -109,6 +115,22 @@ def test_the_figures_are_cached_with_the_share_fields() -> None:
     first = n.state.local_report(100.0)
     assert n.state.local_report(100.1).task_seconds == first.task_seconds  # cached
     assert n.state.local_report(100.5).task_seconds == pytest.approx(10.5)
+
+
+def test_with_thousands_of_records_the_figures_are_kept_longer() -> None:
+    """Refreshing reads every record (~1 us each): the quarter second grows with the
+    count, up to REFRESH_MAX (issue 23: a home with an array's 10,000 elements)."""
+    assert refresh_period(10) == refresh_period(REFRESH_TASKS) == REFRESH_MIN
+    assert refresh_period(4 * REFRESH_TASKS) == pytest.approx(4 * REFRESH_MIN)
+    assert refresh_period(10**6) == REFRESH_MAX
+    n = node(slots=4)
+    start(n, spec("a", MM.CHECKPOINT), wall=90.0)
+    for i in range(4 * REFRESH_TASKS):  # queued here, never started
+        n.submit(spec(f"q{i}", MM.CHECKPOINT), 90.0)
+    first = n.state.local_report(100.0)
+    assert first.homing == 4 * REFRESH_TASKS + 1
+    assert n.state.local_report(100.9).task_seconds == first.task_seconds  # kept ~1 s
+    assert n.state.local_report(101.1).task_seconds == pytest.approx(11.1)
 
 
 def test_never_moves_rule() -> None:
