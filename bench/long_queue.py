@@ -40,7 +40,7 @@ BASE = [
 def _cpu(a: LocalAgent) -> float:
     assert a.proc is not None
     t = psutil.Process(a.proc.pid).cpu_times()
-    return t.user + t.system
+    return float(t.user + t.system)
 
 
 def _window(agents: list[LocalAgent], secs: float) -> list[float]:
