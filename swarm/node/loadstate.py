@@ -223,7 +223,6 @@ class LoadState:
         active = self.records.active
         arrived_at = self.arrived
         may_run = self.guest.may_run
-        here = self.state_here
         cache = self.queue_views
         node = self.node
         for tid in self.queued:
@@ -235,11 +234,9 @@ class LoadState:
             # the order in which users first appear in a class is their fair-share rank
             user = users.setdefault((spec.priority, spec.user, spec.uid), len(users))
             # pinned: global, not (or no longer) ours to give, or its checkpoint is
-            # here, not there (state_held)
+            # here, not there
             pinned = (
-                spec.is_global
-                or (spec.home != node and not may_run(tid))
-                or (tid in here and keeps_state(spec))
+                spec.is_global or (spec.home != node and not may_run(tid)) or self.state_held(t)
             )
             arrived = arrived_at.get(tid, now)
             c = cache.get(tid)

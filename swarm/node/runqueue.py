@@ -205,28 +205,20 @@ class RunQueue:
             return
         # summed per principal first, then one decay-and-add each: this runs at every
         # start and end and for every load report, over every running task (issue 23)
-        totals: dict[fair.Principal, list[float]] = {}
-        active = self.records.active
+        totals: dict[fair.Principal, fair.Resources] = {}
         for tid in self.running:
-            t = active.get(tid)
+            t = self.records.active.get(tid)
             if t is None:
                 continue
             dt = wall - max(since, t.started_at or since)
             if dt <= 0:
                 continue
-            d = demand(t.spec)
-            row = (d.slots * dt, d.cpu * dt, d.mem * dt, d.gpu * dt)
+            amount = demand(t.spec).scaled(dt)
             for p in self._principals(t.spec):
-                acc = totals.get(p)
-                if acc is None:
-                    totals[p] = list(row)
-                else:
-                    for i, x in enumerate(row):
-                        acc[i] += x
+                totals[p] = totals.get(p, fair.NOTHING) + amount
         hl = self.sharing.half_life
-        for p, acc in totals.items():
-            amount = fair.Resources(*acc)
-            self.used[p] = self.used.get(p, fair.Decayed()).plus(amount, wall, hl)
+        for p, total in totals.items():
+            self.used[p] = self.used.get(p, fair.Decayed()).plus(total, wall, hl)
 
     @staticmethod
     def _principals(spec: m.TaskSpec) -> tuple[fair.Principal, ...]:
