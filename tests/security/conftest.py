@@ -9,7 +9,10 @@ another user would need a Python that user can read.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import grp
+import json
 import os
 import pwd
 import shutil
@@ -49,39 +52,96 @@ def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=60)
 
 
+# `make test` runs three pytest processes at once, and both the security lane and the
+# integration lane (test_sharing) use these users. Each session registers its pid in a
+# shared state file under a lock; the last one out removes what a session created. A
+# session that died without tearing down is pruned by pid, so it cannot pin the users.
+# (At stop 41 the security lane finished first and removed the group while the other
+# lane still used it: its agent's socket stayed root-only, "permission denied".)
+STATE_FILE = Path(tempfile.gettempdir()) / "swarm-sec-users.json"
+LOCK_FILE = Path(tempfile.gettempdir()) / "swarm-sec-users.lock"
+
+
+@contextlib.contextmanager
+def _users_lock() -> Iterator[dict[str, Any]]:
+    """The shared state (holders, what was made), read and written under an flock."""
+    with open(LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            state: dict[str, Any] = {"holders": [], "made_users": [], "made_group": False}
+            with contextlib.suppress(OSError, ValueError):
+                state.update(json.loads(STATE_FILE.read_text()))
+            state["holders"] = [p for p in state["holders"] if _alive(p)]
+            yield state
+            STATE_FILE.write_text(json.dumps(state))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _make_users(state: dict[str, Any]) -> list[User]:
+    try:
+        grp.getgrnam(SOCKET_GROUP)
+    except KeyError:
+        _run("groupadd", SOCKET_GROUP)
+        state["made_group"] = True
+    gid = grp.getgrnam(SOCKET_GROUP).gr_gid
+    users = []
+    for name in USER_NAMES:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            _run("useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name)
+            state["made_users"] = sorted(set(state["made_users"]) | {name})
+        pw = pwd.getpwnam(name)
+        os.chmod(pw.pw_dir, 0o700)
+        users.append(User(name, pw.pw_uid, pw.pw_gid, (pw.pw_gid, gid), pw.pw_dir))
+    return users
+
+
+def _remove_made(state: dict[str, Any]) -> None:
+    for name in state["made_users"]:
+        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+        subprocess.run(["userdel", "--remove", name], capture_output=True)
+    if state["made_group"]:
+        subprocess.run(["groupdel", SOCKET_GROUP], capture_output=True)
+    state.update(made_users=[], made_group=False)
+
+
 @pytest.fixture(scope="session")
 def sec_users() -> Iterator[tuple[User, User, User]]:
     """Three unprivileged users, all members of the socket group, created for this
-    run and removed after it (with their homes)."""
+    run and removed (with their homes) when the last pytest process using them ends."""
     need_root()
     if subprocess.run(["which", "useradd"], capture_output=True).returncode != 0:
         pytest.skip("needs useradd")
-    made_group = False
-    made: list[str] = []
-    try:
+    me = os.getpid()
+    with _users_lock() as state:
+        state["holders"].append(me)
         try:
-            grp.getgrnam(SOCKET_GROUP)
-        except KeyError:
-            _run("groupadd", SOCKET_GROUP)
-            made_group = True
-        gid = grp.getgrnam(SOCKET_GROUP).gr_gid
-        users = []
-        for name in USER_NAMES:
-            try:
-                pwd.getpwnam(name)
-            except KeyError:
-                _run("useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name)
-                made.append(name)
-            pw = pwd.getpwnam(name)
-            os.chmod(pw.pw_dir, 0o700)
-            users.append(User(name, pw.pw_uid, pw.pw_gid, (pw.pw_gid, gid), pw.pw_dir))
+            users = _make_users(state)
+        except BaseException:
+            state["holders"].remove(me)
+            if not state["holders"]:
+                _remove_made(state)
+            raise
+    try:
         yield users[0], users[1], users[2]
     finally:
-        for name in made:
-            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
-            subprocess.run(["userdel", "--remove", name], capture_output=True)
-        if made_group:
-            subprocess.run(["groupdel", SOCKET_GROUP], capture_output=True)
+        with _users_lock() as state:
+            if me in state["holders"]:
+                state["holders"].remove(me)
+            if not state["holders"]:
+                _remove_made(state)
 
 
 def as_user(user: User, fn: Callable[[], Any]) -> Any:
