@@ -343,6 +343,12 @@ class HomeEntry:
     journaled: tuple[Any, ...] | None = attrs.field(default=None, eq=False, repr=False)
 
 
+def _unpark(e: HomeEntry) -> None:
+    """A parked entry (HomeSide.tick) has something to send again: at the next tick."""
+    if e.next_at == math.inf:
+        e.next_at = 0.0
+
+
 class HomeSide:
     """Handoff state of the tasks whose home is this node."""
 
@@ -492,6 +498,7 @@ class HomeSide:
         if m.target == self.node:
             # coming home: no offer needed, the home commits to itself
             e.revokes[sender] = max(e.revokes.get(sender, 0), e.epoch)
+            _unpark(e)
             e.epoch = e.next_epoch
             e.next_epoch += 1
             e.where = self.node
@@ -521,6 +528,7 @@ class HomeSide:
                 current = True  # a move in flight: the holder still owns it
             else:
                 e.revokes[sender] = max(e.revokes.get(sender, 0), r.epoch)
+                _unpark(e)
                 return Reply(r.task_id, r.epoch, False, Verdict.GONE, "superseded"), []
         if e.phase is HomePhase.DONE:
             return Reply(r.task_id, e.epoch, True), []  # duplicate of the accepted final report
@@ -553,6 +561,7 @@ class HomeSide:
                 # the holder that asked for a move died: the offer goes on, and if it
                 # fails the task falls back to the home
                 e.revokes[node] = max(e.revokes.get(node, 0), e.epoch)
+                _unpark(e)
                 e.where = self.node
                 e.epoch = e.next_epoch
                 e.next_epoch += 1
@@ -563,6 +572,7 @@ class HomeSide:
         """The holder no longer runs the task (it died, or its run was fenced): the task
         is back here at a new epoch, and the holder's epoch is revoked."""
         e.revokes[holder] = max(e.revokes.get(holder, 0), e.epoch)
+        _unpark(e)
         e.where = self.node
         e.epoch = e.next_epoch
         e.next_epoch += 1
@@ -597,6 +607,10 @@ class HomeSide:
     # ----- retries
 
     def tick(self, now: float) -> list[Output]:
+        """Resend what is unanswered. An entry with nothing unanswered is parked at
+        `next_at = inf` (a home holding an array's 10,000 elements ticks several times
+        a second; issue 23): an offer, a commit and a cancel set next_at themselves,
+        and a revoke added later un-parks the entry (`_unpark`)."""
         out: list[Output] = []
         for e in self.entries.values():
             if e.next_at > now:
@@ -617,6 +631,8 @@ class HomeSide:
             if due:
                 e.tries += 1
                 e.next_at = now + _backoff(e.tries)
+            else:
+                e.next_at = math.inf
         return out
 
     def busy(self) -> Iterable[HomeEntry]:

@@ -23,6 +23,7 @@ from .executor import Executor, ProcessPlan, ProcessResult, Running, Spawn
 from .journal import DelProc, PutProc
 from .logfiles import LogFiles
 from .taskplan import task_plan
+from .taskqueue import TaskQueue
 from .tasks import TaskTable
 
 # Extra hook: the agent may adjust a plan (user switching, cgroups, GPU env). It raises
@@ -98,7 +99,7 @@ class LocalRunner:
         self.exit_hook = exit_hook
         self.blocked: dict[m.TaskId, str] = {}  # queued tasks that may not start, and why
         self.reserved: Callable[[], int] = lambda: 0  # slots held for gangs (node/gangs.py)
-        self.queue: deque[m.TaskId] = deque()
+        self.queue = TaskQueue()
         self.running: set[m.TaskId] = set()
         self.cancel_requested: dict[m.TaskId, str] = {}
         # tasks being stopped for a migration (the migrator sets this before it signals,

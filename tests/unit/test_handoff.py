@@ -364,3 +364,16 @@ def test_a_guest_with_nothing_to_send_is_parked_until_it_has() -> None:
     (move,) = g2.request_move("t2", "C", 11.0)
     assert g2.tick(100.0) == [h.Send("H", h.Query("t2", 1, g2.entries["t2"].seq, True))]
     assert move.request == h.MoveRequest("t2", 1, "C")
+
+
+def test_a_settled_home_entry_is_parked_until_a_revoke_is_owed() -> None:
+    """HomeSide.tick parks an entry with nothing unanswered (issue 23); a revoke owed
+    later (here: a stale holder's report) is sent at the next tick all the same."""
+    home = h.HomeSide("H")
+    home.offer(SPEC, "A", 0.0)
+    home.on_offer_reply(h.Offer("t1", 1, SPEC), h.Reply("t1", 1, True), 0.1)
+    home.on_report("A", h.Report("t1", 1, "running"))  # the commit evidently arrived
+    assert home.tick(10.0) == [] and home.entries["t1"].next_at == float("inf")
+    reply, _ = home.on_report("B", h.Report("t1", 1, "running"))  # B is not the holder
+    assert not reply.ok
+    assert home.tick(11.0) == [h.Send("B", h.Revoke("t1", 1))]
