@@ -223,16 +223,28 @@ def apply_ops(c: sqlite3.Connection, ops: list[Op], node: str) -> None:
     rewritten whole), every event. The writer runs in a worker thread, and each sqlite
     call gives up the GIL and must win it back from a busy event loop (up to the
     interpreter's 5 ms switch interval): thousands of calls per transaction made a
-    burst's commits take most of a second. A batch with a retention delete or a process
-    row is rare and is written op by op, in order."""
-    if any(isinstance(op, (ForgetFinished, PutProc, DelProc)) for op in ops):
+    burst's commits take most of a second. A batch with a retention delete is rare and
+    is written op by op, in order. Process rows (a start's PutProc, an end's DelProc)
+    are in most of a runner's batches: batched too, the last write per task (a PutProc
+    without a shim leaves the shim row as it was, as apply_op does)."""
+    if any(isinstance(op, ForgetFinished) for op in ops):
         for op in ops:
             apply_op(c, op, node)
         return
     tasks: dict[str, m.Task | None] = {}
     kv: dict[str, bytes | None] = {}
+    procs: dict[str, tuple[int, float] | None] = {}
+    shims: dict[str, tuple[int, str] | None] = {}
     events: list[tuple[Any, ...]] = []
     for op in ops:
+        if isinstance(op, PutProc):
+            procs[op.task_id] = (op.pid, op.create_time)
+            if op.task_pid:
+                shims[op.task_id] = (op.task_pid, op.status_dir)
+            continue
+        if isinstance(op, DelProc):
+            procs[op.task_id] = shims[op.task_id] = None
+            continue
         if isinstance(op, PutTask):
             t = op.task
             tasks.pop(t.id, None)  # the last write goes last
@@ -278,6 +290,27 @@ def apply_ops(c: sqlite3.Connection, ops: list[Op], node: str) -> None:
     kput = [(k, v) for k, v in kv.items() if v is not None]
     if kput:
         c.executemany(_UPSERT_KV, kput)
+    _apply_procs(c, procs, shims)
+
+
+def _apply_procs(
+    c: sqlite3.Connection,
+    procs: dict[str, tuple[int, float] | None],
+    shims: dict[str, tuple[int, str] | None],
+) -> None:
+    """The process and shim rows of a batch, each task's last write (apply_ops)."""
+    for table, rows in (("procs", procs), ("shims", shims)):
+        gone = [(k,) for k, v in rows.items() if v is None]
+        if gone:
+            c.executemany(f"DELETE FROM {table} WHERE task_id=?", gone)
+    put = [(k, *v) for k, v in procs.items() if v is not None]
+    if put:
+        c.executemany("INSERT OR REPLACE INTO procs(task_id, pid, create_time) VALUES(?,?,?)", put)
+    sput = [(k, *v) for k, v in shims.items() if v is not None]
+    if sput:
+        c.executemany(
+            "INSERT OR REPLACE INTO shims(task_id, task_pid, status_dir) VALUES(?,?,?)", sput
+        )
 
 
 def retry_key(op: Op) -> str:

@@ -43,6 +43,15 @@ ops = st.one_of(
         st.floats(0, 100),
         st.sampled_from(IDS),
     ),
+    st.builds(
+        jdb.PutProc,
+        st.sampled_from(IDS),
+        st.integers(1, 9),
+        st.floats(0, 100),
+        st.integers(0, 3),
+        st.sampled_from(["", "/s1", "/s2"]),
+    ),
+    st.builds(jdb.DelProc, st.sampled_from(IDS)),
 )
 
 
@@ -57,6 +66,8 @@ def _dump(c: sqlite3.Connection) -> dict[str, Any]:
         "tasks": c.execute("SELECT * FROM tasks ORDER BY id").fetchall(),
         "kv": c.execute("SELECT * FROM kv ORDER BY key").fetchall(),
         "events": c.execute("SELECT * FROM events ORDER BY seq").fetchall(),
+        "procs": c.execute("SELECT * FROM procs ORDER BY task_id").fetchall(),
+        "shims": c.execute("SELECT * FROM shims ORDER BY task_id").fetchall(),
     }
 
 
