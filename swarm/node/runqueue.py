@@ -48,7 +48,8 @@ def group_principal(group: str) -> fair.Principal:
 
 
 def demand(spec: m.TaskSpec) -> fair.Resources:
-    """What one running task holds, as fair share counts it."""
+    """What one running task holds, as fair share counts it (accrue sums the same in
+    plain floats)."""
     gpu = 0.0 if spec.gpu is None else float(spec.gpu.core)
     return fair.Resources(1.0, spec.cpu or 0.0, float(spec.mem or 0), gpu)
 
@@ -198,14 +199,17 @@ class RunQueue:
     # ------------------------------------------------------------- usage
 
     def accrue(self, wall: float) -> None:
-        """Add what the running tasks used since the last call (resource-seconds)."""
+        """Add what the running tasks used since the last call (resource-seconds). A
+        task that started since then counts from its start (`started_at`), so a start
+        needs no call of its own; an end does (the task leaves `running`)."""
         since = self.used_at
         self.used_at = wall
         if not since or wall <= since:
             return
-        # summed per principal first, then one decay-and-add each: this runs at every
-        # start and end and for every load report, over every running task (issue 23)
-        totals: dict[fair.Principal, fair.Resources] = {}
+        # summed per principal first, in plain floats, then one decay-and-add each:
+        # this runs at every end and for every load report, over every running task
+        # (issue 23: objects per task per call were most of its cost)
+        sums: dict[fair.Principal, list[float]] = {}
         for tid in self.running:
             t = self.records.active.get(tid)
             if t is None:
@@ -213,11 +217,22 @@ class RunQueue:
             dt = wall - max(since, t.started_at or since)
             if dt <= 0:
                 continue
-            amount = demand(t.spec).scaled(dt)
-            for p in self._principals(t.spec):
-                totals[p] = totals.get(p, fair.NOTHING) + amount
+            spec = t.spec  # a task holds one slot, its cpu, mem and gpu core
+            cpu = (spec.cpu or 0.0) * dt
+            mem = float(spec.mem or 0) * dt
+            gpu = 0.0 if spec.gpu is None else float(spec.gpu.core) * dt
+            for p in self._principals(spec):
+                acc = sums.get(p)
+                if acc is None:
+                    sums[p] = [dt, cpu, mem, gpu]
+                else:
+                    acc[0] += dt
+                    acc[1] += cpu
+                    acc[2] += mem
+                    acc[3] += gpu
         hl = self.sharing.half_life
-        for p, total in totals.items():
+        for p, (slots, cpu, mem, gpu) in sums.items():
+            total = fair.Resources(slots, cpu, mem, gpu)
             self.used[p] = self.used.get(p, fair.Decayed()).plus(total, wall, hl)
 
     @staticmethod

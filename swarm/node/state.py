@@ -290,7 +290,8 @@ class NodeState(
     # ------------------------------------------------------- local runs
 
     def on_started(self, task: m.Task, now: float, wall: float) -> list[ev.Instruction]:
-        self.accrue(wall)  # usage so far, before this task counts
+        if not self.used_at:  # the first start: usage counts from here
+            self.accrue(wall)  # (after it, accrue counts a task from its started_at)
         self.quota_epoch += 1
         self.capped_changed(task.spec)
         out: list[ev.Instruction] = []
