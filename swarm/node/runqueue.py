@@ -374,7 +374,13 @@ class RunQueue:
             # work a group borrowed above its min yields to a group below its min,
             # whatever its class (Koordinator's reclaim); else the class decides
             prio = RECLAIMED if r.spec.group in reclaim else r.spec.priority
+            # never eligible (choose_victims' rule), so never built: a full node of
+            # the waiter's peers is the common case, asked at every arrival (issue 23)
+            if prio + sp.preempt_min_gap > t.spec.priority:
+                continue
             cands.append(pre.Running(tid, prio, started, wall - started, ONE_SLOT))
+        if not cands:
+            return []
         # a victim still stopping holds its slot (it was freed for another waiter)
         free = fair.Resources(slots=float(max(self.slots - len(self.running), 0)))
         victims = pre.choose_victims(cands, ONE_SLOT, free, t.spec.priority, sp.preempt_min_gap)
