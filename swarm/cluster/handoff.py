@@ -343,27 +343,36 @@ class HomeEntry:
     journaled: tuple[Any, ...] | None = attrs.field(default=None, eq=False, repr=False)
 
 
-def _unpark(e: HomeEntry) -> None:
-    """A parked entry (HomeSide.tick) has something to send again: at the next tick."""
-    if e.next_at == math.inf:
-        e.next_at = 0.0
-
-
 class HomeSide:
     """Handoff state of the tasks whose home is this node."""
 
     def __init__(self, node: NodeId) -> None:
         self.node = node
         self.entries: dict[TaskId, HomeEntry] = {}
+        # may an entry have something to resend? (over-approximate: set by every
+        # change that gives one something to send, recomputed by each tick; the
+        # node's retry timer reads it instead of scanning every entry)
+        self.pending = True
+
+    def _due(self, e: HomeEntry, at: float) -> None:
+        e.next_at = at
+        self.pending = True
+
+    def _unpark(self, e: HomeEntry) -> None:
+        """A parked entry (tick) has something to send again: at the next tick."""
+        if e.next_at == math.inf:
+            self._due(e, 0.0)
 
     def track(self, spec: TaskSpec) -> HomeEntry:
         e = self.entries.get(spec.id)
         if e is None:
             e = self.entries[spec.id] = HomeEntry(task_id=spec.id, spec=spec, where=self.node)
+            self.pending = True  # next_at 0: the next tick looks at it (and parks it)
         return e
 
     def restore(self, entry: HomeEntry) -> None:
         self.entries[entry.task_id] = entry
+        self.pending = True
 
     def settled(self, task_id: TaskId) -> bool:
         """Nothing left to do for this task's handoff: not offered or held elsewhere,
@@ -426,7 +435,7 @@ class HomeSide:
         e.next_epoch += 1
         e.offer_from = holder
         e.tries = 1
-        e.next_at = now + _backoff(1)
+        self._due(e, now + _backoff(1))
         return [Send(target, Offer(e.task_id, e.offer_epoch, e.spec))]
 
     def on_offer_reply(self, req: Offer, reply: Reply | None, now: float) -> list[Output]:
@@ -445,7 +454,7 @@ class HomeSide:
             e.epoch = e.offer_epoch
             e.commit_unacked = True
             e.tries = 1
-            e.next_at = now + _backoff(1)
+            self._due(e, now + _backoff(1))
             out: list[Output] = [Committed(e.task_id, e.where, e.epoch)]
             if old_where and old_where != self.node and old_where != e.where:
                 e.revokes[old_where] = max(e.revokes.get(old_where, 0), old_epoch)
@@ -498,7 +507,7 @@ class HomeSide:
         if m.target == self.node:
             # coming home: no offer needed, the home commits to itself
             e.revokes[sender] = max(e.revokes.get(sender, 0), e.epoch)
-            _unpark(e)
+            self._unpark(e)
             e.epoch = e.next_epoch
             e.next_epoch += 1
             e.where = self.node
@@ -528,7 +537,7 @@ class HomeSide:
                 current = True  # a move in flight: the holder still owns it
             else:
                 e.revokes[sender] = max(e.revokes.get(sender, 0), r.epoch)
-                _unpark(e)
+                self._unpark(e)
                 return Reply(r.task_id, r.epoch, False, Verdict.GONE, "superseded"), []
         if e.phase is HomePhase.DONE:
             return Reply(r.task_id, e.epoch, True), []  # duplicate of the accepted final report
@@ -561,7 +570,7 @@ class HomeSide:
                 # the holder that asked for a move died: the offer goes on, and if it
                 # fails the task falls back to the home
                 e.revokes[node] = max(e.revokes.get(node, 0), e.epoch)
-                _unpark(e)
+                self._unpark(e)
                 e.where = self.node
                 e.epoch = e.next_epoch
                 e.next_epoch += 1
@@ -572,7 +581,7 @@ class HomeSide:
         """The holder no longer runs the task (it died, or its run was fenced): the task
         is back here at a new epoch, and the holder's epoch is revoked."""
         e.revokes[holder] = max(e.revokes.get(holder, 0), e.epoch)
-        _unpark(e)
+        self._unpark(e)
         e.where = self.node
         e.epoch = e.next_epoch
         e.next_epoch += 1
@@ -586,7 +595,7 @@ class HomeSide:
             return []
         e.cancel_unacked = True
         e.tries = 1
-        e.next_at = now + _backoff(1)
+        self._due(e, now + _backoff(1))
         return [Send(e.where, Cancel(task_id, e.epoch))]
 
     def on_reply(self, dest: NodeId, req: Request, reply: Reply | None, now: float) -> list[Output]:
@@ -612,8 +621,11 @@ class HomeSide:
         a second; issue 23): an offer, a commit and a cancel set next_at themselves,
         and a revoke added later un-parks the entry (`_unpark`)."""
         out: list[Output] = []
+        pending = False
+        inf = math.inf
         for e in self.entries.values():
             if e.next_at > now:
+                pending = pending or e.next_at != inf
                 continue
             due = False
             if e.phase is HomePhase.OFFERING:
@@ -631,8 +643,10 @@ class HomeSide:
             if due:
                 e.tries += 1
                 e.next_at = now + _backoff(e.tries)
+                pending = True
             else:
-                e.next_at = math.inf
+                e.next_at = inf
+        self.pending = pending
         return out
 
     def busy(self) -> Iterable[HomeEntry]:

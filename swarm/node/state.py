@@ -415,4 +415,4 @@ class NodeState(
 
     def handoff_busy(self) -> bool:
         """Retries are due only while something is in flight: idle nodes wake rarely."""
-        return bool(self.guest.entries) or any(True for _ in self.home.busy())
+        return bool(self.guest.entries) or self.home.pending

@@ -91,6 +91,8 @@ class World:
 
     # --- one random step
     def step(self, faults: bool) -> None:
+        # the node's retry timer reads `pending` instead of scanning (issue 23)
+        assert self.home.pending or not any(True for _ in self.home.busy())
         self.now += self.rng.uniform(0.05, 0.6)
         r = self.rng.random()
         e = self.home.entries["t1"]
@@ -377,3 +379,19 @@ def test_a_settled_home_entry_is_parked_until_a_revoke_is_owed() -> None:
     reply, _ = home.on_report("B", h.Report("t1", 1, "running"))  # B is not the holder
     assert not reply.ok
     assert home.tick(11.0) == [h.Send("B", h.Revoke("t1", 1))]
+
+
+def test_the_home_is_pending_while_an_entry_may_have_something_to_resend() -> None:
+    """`HomeSide.pending` (the node's retry timer reads it instead of scanning every
+    entry) is never False while `busy()` names an entry."""
+    home = h.HomeSide("H")
+    home.offer(SPEC, "A", 0.0)
+    assert home.pending and list(home.busy())
+    home.on_offer_reply(h.Offer("t1", 1, SPEC), h.Reply("t1", 1, True), 0.1)
+    home.on_report("A", h.Report("t1", 1, "running"))
+    home.tick(10.0)  # parked: nothing in flight
+    assert not home.pending and not list(home.busy())
+    home.on_report("B", h.Report("t1", 1, "running"))  # a revoke is owed to B
+    assert home.pending and list(home.busy())
+    home.tick(11.0)  # sent; still owed until acknowledged
+    assert home.pending
