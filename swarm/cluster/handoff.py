@@ -352,7 +352,7 @@ class HomeSide:
         # may an entry have something to resend? (over-approximate: set by every
         # change that gives one something to send, recomputed by each tick; the
         # node's retry timer reads it instead of scanning every entry)
-        self.pending = True
+        self.pending = False
 
     def _due(self, e: HomeEntry, at: float) -> None:
         e.next_at = at
