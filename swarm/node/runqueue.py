@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -139,32 +139,6 @@ def quota_refusal(
     return None
 
 
-def lagged_demand(history: Sequence[tuple[float, int]], now: float, lag: float, fresh: int) -> int:
-    """This node's queued demand of a group as the others see it: the value it
-    recorded `lag` seconds ago (about one gossip dissemination; 0 if none then), never
-    more than now. Splitting the cap on the same rows as the others keeps two nodes
-    from each taking the same free slot (`swarm sim fairness`: the peak overshoot at
-    the default timers falls by about half); new demand waits `lag` to be counted."""
-    if lag <= 0:
-        return fresh
-    seen = 0
-    for at, q in history:
-        if at > now - lag:
-            break
-        seen = q
-    return min(seen, fresh)
-
-
-def log_demand(log: deque[tuple[float, int]], now: float, queued: int, lag: float) -> None:
-    """Record what a node's report says it has queued of a capped group (for
-    `lagged_demand`): a change is appended; what is older than `lag` is dropped but
-    for the last such entry (the one `lagged_demand` reads)."""
-    if not log or log[-1][1] != queued:
-        log.append((now, queued))
-    while len(log) > 1 and log[1][0] <= now - lag:
-        log.popleft()
-
-
 def time_share(used: fair.Resources, capacity: fair.Resources, half_life: float) -> float:
     """A dominant share of decayed usage (resource-seconds) as the fraction of the
     cluster held, time-weighted: divided by the decay's time constant."""
@@ -285,7 +259,7 @@ class RunQueue:
         for g in self.sharing.groups:
             if g.quota_max is not None:
                 log = self.demand_log.setdefault(g.name, deque())
-                log_demand(log, wall, groups.get(g.name, [0, 0])[0], self.sharing.quota_lag)
+                qu.log_demand(log, wall, groups.get(g.name, [0, 0])[0], self.sharing.quota_lag)
 
     def _held(self) -> Iterable[tuple[m.TaskId, bool]]:
         for tid in self.queued:
@@ -343,7 +317,7 @@ class RunQueue:
             que += 1  # the runner took it off the queue to ask: it is still demand here
         if wall is not None:
             log = self.demand_log.get(spec.group, ())
-            que = lagged_demand(log, wall, self.sharing.quota_lag, que)
+            que = qu.lagged_demand(log, wall, self.sharing.quota_lag, que)
         return quota_refusal(self.sharing, spec, self.node, seen, run, que)
 
     # ------------------------------------------------------------- preemption

@@ -19,7 +19,8 @@ lasting cost of that floor per such node.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, Sequence
 
 
 def whole_slots(cap: float, node: str, demand: Mapping[str, float]) -> int:
@@ -46,3 +47,29 @@ def whole_slots(cap: float, node: str, demand: Mapping[str, float]) -> int:
         if not moved:
             break
     return given[node]
+
+
+def lagged_demand(history: Sequence[tuple[float, int]], now: float, lag: float, fresh: int) -> int:
+    """This node's queued demand of a group as the others see it: the value it
+    recorded `lag` seconds ago (about one gossip dissemination; 0 if none then), never
+    more than now. Splitting the cap on the same rows as the others keeps two nodes
+    from each taking the same free slot (`swarm sim fairness`: the peak overshoot at
+    the default timers falls by about half); new demand waits `lag` to be counted."""
+    if lag <= 0:
+        return fresh
+    seen = 0
+    for at, q in history:
+        if at > now - lag:
+            break
+        seen = q
+    return min(seen, fresh)
+
+
+def log_demand(log: deque[tuple[float, int]], now: float, queued: int, lag: float) -> None:
+    """Record what a node's report says it has queued of a capped group (for
+    `lagged_demand`): a change is appended; what is older than `lag` is dropped but
+    for the last such entry (the one `lagged_demand` reads)."""
+    if not log or log[-1][1] != queued:
+        log.append((now, queued))
+    while len(log) > 1 and log[1][0] <= now - lag:
+        log.popleft()

@@ -27,6 +27,7 @@ import psutil
 import trio
 
 from ..logs import NULL_LOG, EventLog
+from . import proctime
 from . import shim as shimmod
 from .clock import Clock
 from .procstart import (
@@ -486,7 +487,7 @@ class Executor:
                 await handle.terminate(doomed)
             if on_started is not None:
                 try:
-                    ct = psutil.Process(proc.pid).create_time()
+                    ct = proctime.create_time(proc.pid)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     ct = 0.0
                 await on_started(proc.pid, ct)

@@ -56,6 +56,7 @@ import attrs
 import psutil
 import trio
 
+from . import proctime
 from .exechelper import HelperUnavailable, build_program
 
 __all__ = [
@@ -341,7 +342,7 @@ class Shim:
     @classmethod
     def started(cls, shim_pid: int, task_pid: int, status_dir: Path) -> Shim:
         """The handle for a shim just started (its create time read now)."""
-        return cls(shim_pid, psutil.Process(shim_pid).create_time(), task_pid, status_dir)
+        return cls(shim_pid, proctime.create_time(shim_pid), task_pid, status_dir)
 
     def alive(self) -> bool:
         return alive(self.pid, self.create_time)

@@ -48,6 +48,7 @@ import attrs
 from swarm import model as m
 from swarm.node import runqueue as rq
 from swarm.policy import fairness as fair
+from swarm.policy import quota as qu
 from swarm.policy.sharing import Group, Sharing
 
 SECOND = 1.0 / 60.0  # the time unit is the mean service time, one minute
@@ -488,7 +489,7 @@ class _Swarm(_Common):
         if (q, r) == (pq, pr):
             return
         self.pub[j] = (q, r)
-        rq.log_demand(self.demand_log[j], now, q, self.cfg.quota_lag)
+        qu.log_demand(self.demand_log[j], now, q, self.cfg.quota_lag)
         deltas = [(j, q - pq, r - pr)]
         if self.cfg.delay <= 0:
             self.apply(deltas)
@@ -508,7 +509,7 @@ class _Swarm(_Common):
             if (q, r) != (pq, pr):
                 deltas.append((j, q - pq, r - pr))
                 self.pub[j] = (q, r)
-                rq.log_demand(self.demand_log[j], now, q, self.cfg.quota_lag)
+                qu.log_demand(self.demand_log[j], now, q, self.cfg.quota_lag)
         self.dirty[b].clear()
         if deltas:
             if cfg.delay <= 0:
@@ -575,7 +576,7 @@ class _Swarm(_Common):
             if self.capped and spec.group == cfg.capped_group:
                 queued = self.cur_q[j]
                 if not cfg.fresh:  # as the agent: its own demand as the others see it
-                    queued = rq.lagged_demand(self.demand_log[j], now, cfg.quota_lag, queued)
+                    queued = qu.lagged_demand(self.demand_log[j], now, cfg.quota_lag, queued)
                 memo = (self.version, queued, self.cur_r[j])
                 if self.refused_at.get(j) == memo:  # nothing it reads has changed
                     refused.add(spec.group)

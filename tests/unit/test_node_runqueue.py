@@ -15,6 +15,7 @@ from swarm.node import runqueue as rq
 from swarm.node.state import Settings
 from swarm.policy import fairness as fair
 from swarm.policy import placement as pl
+from swarm.policy import quota as qu
 from swarm.policy.sharing import parse
 
 from .node_harness import FakeNode
@@ -405,11 +406,11 @@ def test_a_quota_refusal_is_looked_up_once_until_what_it_read_changes() -> None:
 
 
 def test_a_node_counts_its_own_demand_as_the_others_see_it() -> None:
-    assert rq.lagged_demand([], 10.0, 2.0, 3) == 0  # nothing reported yet
+    assert qu.lagged_demand([], 10.0, 2.0, 3) == 0  # nothing reported yet
     log = [(1.0, 1), (5.0, 4), (9.5, 6)]
-    assert rq.lagged_demand(log, 10.0, 2.0, 6) == 4  # as reported 2 s ago
-    assert rq.lagged_demand(log, 10.0, 2.0, 2) == 2  # never more than now
-    assert rq.lagged_demand(log, 10.0, 0.0, 6) == 6  # no lag: fresh
+    assert qu.lagged_demand(log, 10.0, 2.0, 6) == 4  # as reported 2 s ago
+    assert qu.lagged_demand(log, 10.0, 2.0, 2) == 2  # never more than now
+    assert qu.lagged_demand(log, 10.0, 0.0, 6) == 6  # no lag: fresh
     # in a node: new demand of a capped group starts once its report is old enough
     n = capped(4)
     n.submit(spec("g0", group="ml"), 0.0)
