@@ -398,12 +398,14 @@ class Executor:
         """The attempt's status directory, fresh (an exit file left by an earlier
         attempt would read as this one's end; so would a lease), its lease for a
         fenced task, and the shim's report pipe."""
-        status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for name in (shimmod.EXIT_FILE, shimmod.LEASE_FILE):
-            try:
-                os.unlink(status_dir / name)
-            except FileNotFoundError:
-                pass
+        try:
+            status_dir.mkdir(mode=0o700, parents=True)  # new: nothing left in it
+        except FileExistsError:
+            for name in (shimmod.EXIT_FILE, shimmod.LEASE_FILE):
+                try:
+                    os.unlink(status_dir / name)
+                except FileNotFoundError:
+                    pass
         if lease is not None:
             shimmod.write_lease(status_dir, lease)
         r, w = os.pipe2(os.O_CLOEXEC)
