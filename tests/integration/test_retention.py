@@ -119,7 +119,10 @@ def test_an_agent_forgets_finished_tasks_after_keep_finished(make_agent: AgentFa
 def test_a_task_run_elsewhere_is_forgotten_at_its_home_and_where_it_ran(
     make_agent: AgentFactory,
 ) -> None:
-    keep = ("--keep-finished", "3s")
+    # 8 s: the logs are read after `submit --wait` and a `status` (two CLI runs). With
+    # 3 s one make test (three pytest lanes on two cores, stop 42) read them empty, as
+    # if the runner had forgotten them already; not reproduced alone or under load
+    keep = ("--keep-finished", "8s")
     home = make_agent("rh", *LOOP, *keep)
     peer = make_agent("rp", *LOOP, *keep, "--seeds", f"127.0.0.1:{home.port}")
     wait_for(lambda: all_see([home, peer], {"rh", "rp"}), 60, "two agents to converge")
