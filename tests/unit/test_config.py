@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,14 +104,3 @@ def test_cli_missing_config_file_exits_2(tmp_path: Path) -> None:
         timeout=30,
     )
     assert p.returncode == 2 and "not found" in p.stderr
-
-
-def test_a_socket_group_that_does_not_exist_is_one_line_naming_the_option() -> None:
-    """Not an agent whose socket only root can use (it used to start with a warning)."""
-    import grp
-
-    existing = grp.getgrgid(os.getgid()).gr_name
-    assert load_config(env={}, flags={"socket-group": existing}, uid=0).socket_group == existing
-    with pytest.raises(ConfigError) as ei:
-        load_config(env={}, flags={"socket-group": "no-such-group-swarm"}, uid=0)
-    assert "socket-group" in str(ei.value) and "no group named" in str(ei.value)
