@@ -48,8 +48,7 @@ def group_principal(group: str) -> fair.Principal:
 
 
 def demand(spec: m.TaskSpec) -> fair.Resources:
-    """What one running task holds, as fair share counts it (accrue sums the same in
-    plain floats)."""
+    """What one running task holds, as fair share counts it."""
     gpu = 0.0 if spec.gpu is None else float(spec.gpu.core)
     return fair.Resources(1.0, spec.cpu or 0.0, float(spec.mem or 0), gpu)
 
@@ -180,9 +179,8 @@ class RunQueue:
         self.used_at = wall
         if not since or wall <= since:
             return
-        # summed per principal first, in plain floats, then one decay-and-add each:
-        # this runs at every end and for every load report, over every running task
-        # (issue 23: objects per task per call were most of its cost)
+        # summed per principal first, then one decay-and-add each: this runs at every
+        # end and for every load report, over every running task (issue 23)
         sums: dict[fair.Principal, list[float]] = {}
         for tid in self.running:
             t = self.records.active.get(tid)
@@ -191,23 +189,19 @@ class RunQueue:
             dt = wall - max(since, t.started_at or since)
             if dt <= 0:
                 continue
-            spec = t.spec  # a task holds one slot, its cpu, mem and gpu core
-            cpu = (spec.cpu or 0.0) * dt
-            mem = float(spec.mem or 0) * dt
-            gpu = 0.0 if spec.gpu is None else float(spec.gpu.core) * dt
-            for p in self._principals(spec):
+            d = demand(t.spec)
+            row = (d.slots * dt, d.cpu * dt, d.mem * dt, d.gpu * dt)
+            for p in self._principals(t.spec):
                 acc = sums.get(p)
                 if acc is None:
-                    sums[p] = [dt, cpu, mem, gpu]
+                    sums[p] = list(row)
                 else:
-                    acc[0] += dt
-                    acc[1] += cpu
-                    acc[2] += mem
-                    acc[3] += gpu
+                    for i, x in enumerate(row):
+                        acc[i] += x
         hl = self.sharing.half_life
-        for p, (slots, cpu, mem, gpu) in sums.items():
-            total = fair.Resources(slots, cpu, mem, gpu)
-            self.used[p] = self.used.get(p, fair.Decayed()).plus(total, wall, hl)
+        for p, acc in sums.items():
+            amount = fair.Resources(*acc)
+            self.used[p] = self.used.get(p, fair.Decayed()).plus(amount, wall, hl)
 
     @staticmethod
     def _principals(spec: m.TaskSpec) -> tuple[fair.Principal, ...]:
