@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import psutil
 import pytest
 
 from swarm.localcluster import LocalAgent
@@ -71,21 +72,11 @@ def _users_lock() -> Iterator[dict[str, Any]]:
             state: dict[str, Any] = {"holders": [], "made_users": [], "made_group": False}
             with contextlib.suppress(OSError, ValueError):
                 state.update(json.loads(STATE_FILE.read_text()))
-            state["holders"] = [p for p in state["holders"] if _alive(p)]
+            state["holders"] = [p for p in state["holders"] if psutil.pid_exists(p)]
             yield state
             STATE_FILE.write_text(json.dumps(state))
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _make_users(state: dict[str, Any]) -> list[User]:
