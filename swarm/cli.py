@@ -115,6 +115,26 @@ def _parse_bytes(text: str) -> int:
 # ------------------------------------------------------------------ commands
 
 
+def _check_socket_group(group: str | None) -> None:
+    """A `socket-group` that names no group stops the agent here, at its start.
+
+    Without this the agent started, logged `api.socket_group` and served a socket only
+    root could use: every submitter got "permission denied" (stop 42's CI). Checked at
+    start rather than in `load_config`, which also reads configs for other hosts (the
+    example config names group "swarm", which a build host need not have).
+    """
+    if not group:
+        return
+    import grp
+
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        raise CliError(
+            f"config error: socket-group: no group named {group!r:.60} on this host", EXIT_USAGE
+        ) from None
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_config
     from .options import OPTIONS
@@ -132,6 +152,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         config = load_config(file=Path(args.config) if args.config else None, flags=flags)
     except ConfigError as e:
         raise CliError(f"config error: {e}", EXIT_USAGE) from None
+    _check_socket_group(config.socket_group)
 
     import trio
 

@@ -104,3 +104,31 @@ def test_cli_missing_config_file_exits_2(tmp_path: Path) -> None:
         timeout=30,
     )
     assert p.returncode == 2 and "not found" in p.stderr
+
+
+def test_agent_with_a_socket_group_that_does_not_exist_exits_2_naming_the_option(
+    tmp_path: Path,
+) -> None:
+    """Not an agent whose socket only root can use (it used to start with a warning)."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm",
+            "agent",
+            "--socket",
+            str(tmp_path / "s.sock"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--socket-group",
+            "no-such-group-swarm",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "swarm: config error: socket-group: no group named 'no-such-group-swarm' on this host"
+    ]
+    assert not (tmp_path / "s.sock").exists()
