@@ -344,6 +344,12 @@ class Client:
             data = part.get("data")
             if data:
                 yield bytes(data)
+            if part.get("missing"):
+                raise RequestFailed(
+                    "gone",
+                    f"the {'stderr' if stderr else 'stdout'} of {task_id} is no longer kept"
+                    " where it ran (removed with its record after keep-finished, or cleaned up)",
+                )
 
     def info(self) -> dict[str, Any]:
         return self.call("info")

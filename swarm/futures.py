@@ -264,13 +264,26 @@ class Executor(cf.Executor):
         self._done(tid)
 
     def _deliver(self, client: Client, tid: str, task: dict[str, Any], f: cf.Future[Any]) -> None:
-        out = b"".join(client.logs(tid)).decode("utf-8", "replace")
+        try:
+            out = b"".join(client.logs(tid)).decode("utf-8", "replace")
+        except RequestFailed as e:
+            if e.code != "gone":
+                raise  # the watch loop reconnects and looks again
+            # its output (which carries the result) went with its runner's record:
+            # an answer, not a retry that would never end
+            f.set_exception(RemoteTaskError(f"task {tid} {task['state']}: {e.message}"))
+            return
         line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(RESULT_MARK)), None)
         if line is None:
             why = f"task {tid} {task['state']} without a result"
             if task.get("reason"):
                 why += f": {task['reason']}"
-            err = b"".join(client.logs(tid, stderr=True)).decode("utf-8", "replace")[-2000:]
+            try:
+                err = b"".join(client.logs(tid, stderr=True)).decode("utf-8", "replace")[-2000:]
+            except RequestFailed as e:
+                if e.code != "gone":
+                    raise
+                err = ""
             f.set_exception(RemoteTaskError(why + (f"\n{err}" if err else "")))
             return
         try:

@@ -27,11 +27,19 @@ async def read_log(
     current: Callable[[], Awaitable[m.Task | None]],
     table: TaskTable,
 ) -> AsyncIterator[dict[str, Any]]:
-    """Stream a log file from `offset`; with follow, until the task ends and EOF is read."""
+    """Stream a log file from `offset`; with follow, until the task ends and EOF is read.
+
+    The last part says `missing` when the file was never there although the task ran
+    here and ended (or this node no longer knows it): its logs went with its record
+    (`keep-finished`) or were cleaned up, and `swarm logs` says so instead of printing
+    nothing and exiting 0 as if the task had written nothing.
+    """
+    found = False
     while True:
         data = b""
         try:
             async with await trio.open_file(path, "rb") as fh:
+                found = True
                 await fh.seek(offset)
                 data = await fh.read(LOG_CHUNK)
         except FileNotFoundError:
@@ -47,6 +55,7 @@ async def read_log(
             # one last read: output written just before exit
             try:
                 async with await trio.open_file(path, "rb") as fh:
+                    found = True
                     await fh.seek(offset)
                     rest = await fh.read()
             except FileNotFoundError:
@@ -57,4 +66,14 @@ async def read_log(
             break
         with trio.move_on_after(0.1):
             await table.wait_change(task.id)
-    yield {"more": False, "offset": offset, "eof": True}
+    last: dict[str, Any] = {"more": False, "offset": offset, "eof": True}
+    if not found and _ran_here_and_ended(await current(), table):
+        last["missing"] = True
+    yield last
+
+
+def _ran_here_and_ended(task: m.Task | None, table: TaskTable) -> bool:
+    """Whether a log file should exist here but for its removal (None: forgotten)."""
+    if task is None:
+        return True
+    return task.state.terminal and task.started_at is not None and task.node in ("", table.node)

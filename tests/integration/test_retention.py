@@ -119,12 +119,13 @@ def test_an_agent_forgets_finished_tasks_after_keep_finished(make_agent: AgentFa
 def test_a_task_run_elsewhere_is_forgotten_at_its_home_and_where_it_ran(
     make_agent: AgentFactory,
 ) -> None:
-    # 8 s: the logs are read after `submit --wait` and a `status` (two CLI runs). With
-    # 3 s one make test (three pytest lanes on two cores, stop 42) read them empty, as
-    # if the runner had forgotten them already; not reproduced alone or under load
-    keep = ("--keep-finished", "8s")
-    home = make_agent("rh", *LOOP, *keep)
-    peer = make_agent("rp", *LOOP, *keep, "--seeds", f"127.0.0.1:{home.port}")
+    # 8 s at the runner: the logs are read after `submit --wait` and a `status` (two CLI
+    # runs). With 3 s one make test (three pytest lanes on two cores, stop 42) read them
+    # empty: the runner had forgotten them already (now `logs` would say so)
+    # The home keeps it twice as long: between the two, its logs are asked for where
+    # they are gone (`swarm logs` says so, exit 1, rather than print nothing, exit 0).
+    home = make_agent("rh", *LOOP, "--keep-finished", "16s")
+    peer = make_agent("rp", *LOOP, "--keep-finished", "8s", "--seeds", f"127.0.0.1:{home.port}")
     wait_for(lambda: all_see([home, peer], {"rh", "rp"}), 60, "two agents to converge")
     assert "drained" in home.cli("drain").stdout  # the only other place is rp
     done = home.cli("submit", "--wait", "--", "sh", "-c", "echo ran-elsewhere")
@@ -135,8 +136,15 @@ def test_a_task_run_elsewhere_is_forgotten_at_its_home_and_where_it_ran(
     ran = peer.state_dir / "logs" / f"{tid}.out"
     assert ran.exists()
 
-    wait_for(lambda: home.cli("status", tid).returncode == 1, 30, "the home to forget it")
     wait_for(lambda: not ran.exists(), 30, "rp to forget it and its logs")
+    gone = home.cli("logs", tid)
+    assert home.cli("status", tid).returncode == 0, "the home forgot it too early for this check"
+    assert (gone.returncode, gone.stdout) == (1, ""), gone
+    assert gone.stderr.strip() == (
+        f"swarm: the stdout of {tid} is no longer kept where it ran"
+        " (removed with its record after keep-finished, or cleaned up)"
+    )
+    wait_for(lambda: home.cli("status", tid).returncode == 1, 30, "the home to forget it")
     # the home's settled handoff state went with it (kept only for late revokes)
     db = sqlite3.connect(f"file:{home.state_dir / 'journal.db'}?mode=ro", uri=True)
     try:
