@@ -367,7 +367,7 @@ class Executor:
             return ProcessResult(None, None, spawn_error=why)
         if self.shim is not None and plan.status_dir is not None and switch is None:
             try:
-                report = self._shim_start(plan.status_dir, plan.lease)
+                report = self._shim_start(plan.status_dir, plan.lease, plan.status_ready)
             except OSError as e:
                 if plan.lease is not None:  # never unfenced: not started
                     close_logs((out, err))
@@ -394,18 +394,20 @@ class Executor:
         return Spawn(plan, argv, kwargs, (out, err), switch, helper, report)
 
     @staticmethod
-    def _shim_start(status_dir: Path, lease: float | None) -> tuple[int, int]:
+    def _shim_start(status_dir: Path, lease: float | None, ready: bool = False) -> tuple[int, int]:
         """The attempt's status directory, fresh (an exit file left by an earlier
-        attempt would read as this one's end; so would a lease), its lease for a
-        fenced task, and the shim's report pipe."""
-        try:
-            status_dir.mkdir(mode=0o700, parents=True)  # new: nothing left in it
-        except FileExistsError:
-            for name in (shimmod.EXIT_FILE, shimmod.LEASE_FILE):
-                try:
-                    os.unlink(status_dir / name)
-                except FileNotFoundError:
-                    pass
+        attempt would read as this one's end; so would a lease) unless `ready` (one
+        from the pool, emptied when it was given back), its lease for a fenced task,
+        and the shim's report pipe."""
+        if not ready:
+            try:
+                status_dir.mkdir(mode=0o700, parents=True)  # new: nothing left in it
+            except FileExistsError:
+                for name in (shimmod.EXIT_FILE, shimmod.LEASE_FILE):
+                    try:
+                        os.unlink(status_dir / name)
+                    except FileNotFoundError:
+                        pass
         if lease is not None:
             shimmod.write_lease(status_dir, lease)
         r, w = os.pipe2(os.O_CLOEXEC)

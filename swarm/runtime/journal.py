@@ -271,6 +271,12 @@ class Journal:
         if p.error is not None and not must_land:
             raise JournalError(describe_error(p.error, self.path)) from p.error
 
+    @property
+    def settled(self) -> bool:
+        """Has everything written so far landed (no write to retry, not wedged)? Read
+        after a commit returns: then every op enqueued before it is on disk."""
+        return not self._retry and self.wedged is None
+
     def enqueue(self, ops: Iterable[Op]) -> None:
         """Fire-and-forget write that must eventually land (state records). Writes
         enqueued before the writer next takes its queue share one entry in it (a burst

@@ -50,6 +50,8 @@ class ProcessPlan:
     # where the task's supervisor (runtime/shim.py) writes its exit status; None:
     # started without one (no shim built here)
     status_dir: Path | None = None
+    # status_dir exists and is empty (reused: runtime/statusdirs.py): no mkdir, no unlinks
+    status_ready: bool = False
     # --at-most-once: the runner's lease, a time.monotonic() deadline the supervisor
     # enforces (node/fencing.py); None: no lease (the task may not need one)
     lease: float | None = None

@@ -93,6 +93,8 @@ def recover(
         if t.state is S.QUEUED and (guest or t.spec.is_global):
             ledger.add(t.spec)
             runner.enqueue(t.id)
+    # the pool's directories (statusdirs.py) a crash left that no row names
+    runner.status_dirs.sweep(Path(sup[1]) for sup in rec.shims.values())
     for tid, what in outlived.items():
         if tid not in runner.adopting:
             # not RUNNING here by its record: nobody would watch it, so it must not run
@@ -172,5 +174,6 @@ def forget_task_state(coord: Driver, journal: Journal, tid: m.TaskId) -> None:
         journal.enqueue([DelKV("home:" + tid)])
     if coord.state.adopted.pop(tid, None) is not None:
         journal.enqueue([DelKV("adopt:" + tid)])
-    # its supervisor's status directory (the exit file served once the end was journaled)
+    # its supervisor's status directory, as agents before the pool named it
+    # (statusdirs.py): the exit file served once the end was journaled
     shutil.rmtree(coord.runner.shim_root / tid, ignore_errors=True)

@@ -22,6 +22,7 @@ from . import shim as shimmod
 from .executor import Executor, ProcessPlan, ProcessResult, Running, Spawn
 from .journal import DelProc, PutProc
 from .logfiles import LogFiles
+from .statusdirs import StatusDirs
 from .taskplan import task_plan
 from .taskqueue import TaskQueue
 from .tasks import TaskTable
@@ -57,6 +58,7 @@ class _Launch:
     hooked: bool  # the plan hooks ran: the exit hook undoes what they set up
     begun: Running | ProcessResult | Spawn  # its process; why not; or: start it in a thread
     adopted: bool = False  # started by a previous run of the agent (its process journaled)
+    status_dir: Path | None = None  # taken from the pool (statusdirs.py): given back at the end
 
 
 class LocalRunner:
@@ -87,7 +89,8 @@ class LocalRunner:
         self.slots = slots
         self.log_dir = log_dir
         self.task_state_root = state_dir / "task-state"
-        self.shim_root = state_dir / "shim"  # each task's supervisor's status directory
+        self.shim_root = state_dir / "shim"  # the supervisors' status directories
+        self.status_dirs = StatusDirs(self.shim_root)
         # tasks a previous run started that outlived it (recovery): watched again, or
         # their end recorded, once the runner runs
         self.adopting: dict[m.TaskId, shimmod.Shim | ProcessResult] = {}
@@ -267,34 +270,43 @@ class LocalRunner:
             launch = _Launch(None, False, failed)
         nursery.start_soon(self._execute, task, launch)
 
-    def plan(self, task: m.Task) -> ProcessPlan:
-        status_dir = self.shim_root / task.id if self.executor.shim is not None else None
-        return task_plan(
+    def plan(
+        self, task: m.Task, status_dir: Path | None = None, ready: bool = False
+    ) -> ProcessPlan:
+        plan = task_plan(
             task, self.node, self.log_paths(task.id), self.state_dir_of(task.id), status_dir
         )
+        return attrs.evolve(plan, status_ready=True) if ready else plan
 
     def _launch(self, task: m.Task) -> _Launch:
         """Plan a dispatched task's process and start it at once, in the dispatch pass
         itself: waiting for _execute's first scheduler pass would add a few hundred
         microseconds between submit and start."""
-        plan = self.plan(task)
+        status: Path | None = None
+        ready = False
+        if self.executor.shim is not None:
+            status, ready = self.status_dirs.take()
+        plan = self.plan(task, status, ready)
         if self.plan_hook is not None:
             try:
                 plan = self.plan_hook(task, plan)
             except PlanRefused as e:
-                return _Launch(plan, False, ProcessResult(None, None, spawn_error=str(e)))
+                why = ProcessResult(None, None, spawn_error=str(e))
+                return _Launch(plan, False, why, status_dir=status)
         if task.spec.migrate is not m.MigrateMode.NEVER:
             try:
                 self.state_dir_of(task.id).mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                why = f"cannot create its state directory: {e}"
-                return _Launch(plan, True, ProcessResult(None, None, spawn_error=why))
+                why = ProcessResult(
+                    None, None, spawn_error=f"cannot create its state directory: {e}"
+                )
+                return _Launch(plan, True, why, status_dir=status)
         try:
             logs = self.logfiles.open_pair(plan.stdout, plan.stderr)
         except OSError as e:
-            why = f"cannot open log file: {e}"
-            return _Launch(plan, True, ProcessResult(None, None, spawn_error=why))
-        return _Launch(plan, True, self.executor.start(plan, logs))
+            why = ProcessResult(None, None, spawn_error=f"cannot open log file: {e}")
+            return _Launch(plan, True, why, status_dir=status)
+        return _Launch(plan, True, self.executor.start(plan, logs), status_dir=status)
 
     async def _execute(self, task: m.Task, launch: _Launch) -> None:
         tid = task.id
@@ -325,7 +337,11 @@ class LocalRunner:
                     why = await self.exit_hook(task, launch.plan, result)
                 if result.pid is not None:
                     self.table.journal.enqueue([DelProc(tid)])
-                await self._record(tid, result, why)
+                durable = await self._record(tid, result, why)
+                if launch.status_dir is not None and durable and self.table.journal.settled:
+                    # its end and DelProc are on disk (written in order): no row names
+                    # the directory any more, so the next start may use it
+                    self.status_dirs.give_back(launch.status_dir)
                 after = self.table.get_cached(tid)
                 if after is not None and self.on_finished is not None:
                     self.on_finished(after)
@@ -342,56 +358,23 @@ class LocalRunner:
             if not self.running:
                 self._idle.set()
 
-    async def _record(self, tid: m.TaskId, r: ProcessResult, why: str | None = None) -> None:
-        """Journal the outcome; `why` (from the exit hook) explains a failure better."""
-        S = m.TaskState
+    async def _record(self, tid: m.TaskId, r: ProcessResult, why: str | None = None) -> bool:
+        """Journal the outcome; `why` (from the exit hook) explains a failure better.
+        True once it is on disk (with everything enqueued before it); False when there
+        was nothing to record (the task ended here another way)."""
         task = self.table.active.get(tid)
-        if task is None or task.state is not S.RUNNING:
-            return
-        if r.cancelled and tid in self.cancel_requested:
-            await self.table.change_durably(
-                tid,
-                S.CANCELLED,
-                self.cancel_requested[tid],  # who cancelled it, as for a queued task
-                exit_code=r.exit_code,
-                signal=r.signal,
-            )
-        elif r.fenced:  # its supervisor stopped it: the lease lapsed (node/fencing.py)
-            await self.table.change_durably(tid, S.LOST, fenced(task.spec), signal=r.signal)
-        elif tid in self.preempting and (
-            r.cancelled
-            or (
-                task.spec.migrate is m.MigrateMode.CHECKPOINT
-                and r.exit_code == self.checkpoint_exit_code
-            )
-        ):
-            await self.table.change_durably(tid, S.QUEUED, self.preempting[tid])
-        elif r.cancelled and self.stopping:
-            if task.spec.no_retry:
-                await self.table.change_durably(
-                    tid, S.FAILED, "agent shut down while running (--no-retry)", signal=r.signal
-                )
-            else:
-                await self.table.change_durably(tid, S.QUEUED, "agent shutdown: will run again")
-        elif (
-            why_moving := stopped_to_move(
-                task, r, self.migrating.get(task.id), self.checkpoint_exit_code
-            )
-        ) is not None:
-            await self.table.change_durably(tid, S.MIGRATING, why_moving)
-        elif r.spawn_error is not None:
-            code = spawn_exit_code(r.spawn_error)
-            await self.table.change_durably(tid, S.FAILED, r.spawn_error, exit_code=code)
-        elif r.signal is not None:
-            await self.table.change_durably(
-                tid, S.FAILED, why or f"killed by signal {r.signal}", signal=r.signal
-            )
-        elif r.exit_code == 0:
-            await self.table.change_durably(tid, S.SUCCEEDED, "exited 0", exit_code=0)
-        else:
-            await self.table.change_durably(
-                tid, S.FAILED, why or f"exited {r.exit_code}", exit_code=r.exit_code
-            )
+        if task is None or task.state is not S_RUNNING:
+            return False
+        end = RunEnd(
+            cancelled_by=self.cancel_requested.get(tid),
+            preempted_by=self.preempting.get(tid),
+            moving=self.migrating.get(tid),
+            stopping=self.stopping,
+            checkpoint_exit_code=self.checkpoint_exit_code,
+        )
+        dst, cause, fields = end.outcome(task, r, why)
+        await self.table.change_durably(tid, dst, cause, **fields)
+        return True
 
     # ------------------------------------------------------ after a restart
 
@@ -457,6 +440,51 @@ class LocalRunner:
                 n.start_soon(self.executor.terminate, tid, "agent shutdown")
         with trio.move_on_after(self.executor.kill_grace + 5):
             await self._idle.wait()
+
+
+@attrs.frozen
+class RunEnd:
+    """What the runner knew of a run when it ended: who asked it to stop, and why."""
+
+    cancelled_by: str | None  # a cancel's reason, as for a queued task
+    preempted_by: str | None  # a higher class's cause
+    moving: m.MigrateMode | None  # stopped for a migration of this mode
+    stopping: bool  # the agent is shutting down
+    checkpoint_exit_code: int
+
+    def outcome(
+        self, task: m.Task, r: ProcessResult, why: str | None
+    ) -> tuple[m.TaskState, str, dict[str, int | None]]:
+        """The transition that records run `r` of `task`: state, cause and fields;
+        `why` (from the exit hook: an OOM kill) explains a failure better."""
+        S = m.TaskState
+        if r.cancelled and self.cancelled_by is not None:
+            return S.CANCELLED, self.cancelled_by, {"exit_code": r.exit_code, "signal": r.signal}
+        if r.fenced:  # its supervisor stopped it: the lease lapsed (node/fencing.py)
+            return S.LOST, fenced(task.spec), {"signal": r.signal}
+        if self.preempted_by is not None and (
+            r.cancelled
+            or (
+                task.spec.migrate is m.MigrateMode.CHECKPOINT
+                and r.exit_code == self.checkpoint_exit_code
+            )
+        ):
+            return S.QUEUED, self.preempted_by, {}
+        if r.cancelled and self.stopping:
+            if task.spec.no_retry:
+                why_ = "agent shut down while running (--no-retry)"
+                return S.FAILED, why_, {"signal": r.signal}
+            return S.QUEUED, "agent shutdown: will run again", {}
+        moving = stopped_to_move(task, r, self.moving, self.checkpoint_exit_code)
+        if moving is not None:
+            return S.MIGRATING, moving, {}
+        if r.spawn_error is not None:
+            return S.FAILED, r.spawn_error, {"exit_code": spawn_exit_code(r.spawn_error)}
+        if r.signal is not None:
+            return S.FAILED, why or f"killed by signal {r.signal}", {"signal": r.signal}
+        if r.exit_code == 0:
+            return S.SUCCEEDED, "exited 0", {"exit_code": 0}
+        return S.FAILED, why or f"exited {r.exit_code}", {"exit_code": r.exit_code}
 
 
 def spawn_exit_code(why: str) -> int:

@@ -76,6 +76,11 @@ class Stats:
             "slots": self.runner.slots,
             "shares": self.ledger.shares,
             "running": len(self.runner.running),
+            # the supervisors' status directories (statusdirs.py): starts that reused one
+            "status_dirs": {
+                "reused": self.runner.status_dirs.reused,
+                "free": len(self.runner.status_dirs.free),
+            },
             "queued": len(self.runner.queue),
             "tasks": len(self.table.active),
             "members": 0 if ms is None else ms.num_live,

@@ -169,3 +169,38 @@ def test_kill_9_under_200_running_tasks(make_agent: AgentFactory, tmp_path: Path
     assert all(e["attempts"] == 1 for e in ends)
     done = (marks / "done").read_text().split()
     assert sorted(done) == sorted(ids)  # each exactly once: none lost, none twice
+
+
+def test_status_directories_are_reused_and_a_restart_keeps_only_those_in_use(
+    make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """One directory serves task after task (runtime/statusdirs.py), not one per task
+    kept for a week; after a kill -9 the running task's stays (its shim writes there)
+    and a directory no journaled row names goes."""
+    a = make_agent("a1", "--slots", "1")
+    shim_root = a.state_dir / "shim"
+    with a.client(timeout=60) as c:
+        ids = [c.submit(["true"], cwd="/") for _ in range(6)]
+        assert all(c.wait(t, timeout=60)["state"] == "succeeded" for t in ids)
+        info = c.info()
+    assert info["status_dirs"]["reused"] >= 4, info["status_dirs"]
+    assert len(list(shim_root.iterdir())) <= 2
+    for d in shim_root.iterdir():  # given back emptied: no exit file to misread
+        assert list(d.iterdir()) == []
+    pidfile = tmp_path / "pid"
+    os.chmod(tmp_path, 0o777)
+    tid = a.cli("submit", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 60").stdout.strip()
+    _wait(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 20, "the task")
+    a.kill(signal.SIGKILL)
+    stray = shim_root / "_left-by-a-crash"
+    stray.mkdir()
+    (stray / "exit").write_text("pid 1\nexit 0\n")
+    a.start()
+    # the pool's free directories and the stray went; the running task's stayed
+    (left,) = list(shim_root.iterdir())
+    st = _status(a, tid)
+    assert st["state"] == "running" and st["attempts"] == 1
+    assert a.cli("cancel", tid).returncode == 0
+    with a.client(timeout=60) as c:
+        assert c.wait(tid, timeout=60)["state"] == "cancelled"
+    assert (left / "exit").exists()  # its shim wrote its end there
