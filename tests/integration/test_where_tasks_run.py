@@ -281,7 +281,10 @@ def test_transfer_moves_queued_tasks_only_where_they_may_run(where: Where) -> No
         wait_for(lambda: _drained_seen(w1, {"w5"}), 20, "w5 drained in w1's view")
         with w1.client() as c:  # 24 slots on w1 and w3: 56 of them queue
             ids = [c.submit(["sleep", "3"], cwd="/", constraints=["pool=a"]) for _ in range(80)]
-        wait_for(lambda: _queued(w1) + _queued(where["w3"]) >= 40, 20, "queues on w1 and w3")
+        # every task at a runner (queued, running or done), none left in w1's placement
+        # stage: such a one is handed to w5 once it is undrained, not transferred, and
+        # under make test's load all five that reached w5 once went that way (stop 43)
+        wait_for(lambda: _all_at_runners(w1, [w1, where["w3"]], ids), 30, "queues on w1, w3")
         assert w5.cli("undrain").returncode == 0
         tasks = wait_tasks(w1, ids, timeout=60)
     finally:
@@ -386,6 +389,20 @@ def _drained_seen(a: LocalAgent, names: set[str]) -> bool:
 def _running(a: LocalAgent) -> int:
     with a.client() as c:
         return int(c.info()["running"])
+
+
+def _all_at_runners(home: LocalAgent, runners: list[LocalAgent], ids: list[str]) -> bool:
+    """Is every task of `ids` in a runner's queue, running there, or ended?"""
+    at = 0
+    for a in runners:
+        with a.client() as rc:
+            info = rc.info()
+        at += int(info["queued"]) + int(info["running"])
+    if at >= len(ids):
+        return True
+    with home.client() as c:
+        done = sum(1 for t in ids if c.status(t)["state"] in ("succeeded", "failed"))
+    return at + done >= len(ids)
 
 
 def _queued(a: LocalAgent) -> int:
