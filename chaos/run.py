@@ -124,7 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep agent dirs of passing scenarios")
     args = ap.parse_args(argv)
     if args.scenario:
-        scenarios = [find(n) for n in args.scenario]
+        try:
+            scenarios = [find(n) for n in args.scenario]
+        except KeyError as e:
+            known = sorted({sc.name for suite in SUITES.values() for sc in suite})
+            ap.error(f"--scenario: no scenario named {e.args[0]!r} (known: {', '.join(known)})")
     else:
         scenarios = list(SUITES[args.suite or "smoke"])
     seed = args.seed if args.seed is not None else 1000
