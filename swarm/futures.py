@@ -264,26 +264,19 @@ class Executor(cf.Executor):
         self._done(tid)
 
     def _deliver(self, client: Client, tid: str, task: dict[str, Any], f: cf.Future[Any]) -> None:
-        try:
-            out = b"".join(client.logs(tid)).decode("utf-8", "replace")
-        except RequestFailed as e:
-            if e.code != "gone":
-                raise  # the watch loop reconnects and looks again
+        out = _output(client, tid)
+        if out is None:
             # its output (which carries the result) went with its runner's record:
             # an answer, not a retry that would never end
-            f.set_exception(RemoteTaskError(f"task {tid} {task['state']}: {e.message}"))
+            why = f"task {tid} {task['state']}: its output is no longer kept where it ran"
+            f.set_exception(RemoteTaskError(why))
             return
         line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(RESULT_MARK)), None)
         if line is None:
             why = f"task {tid} {task['state']} without a result"
             if task.get("reason"):
                 why += f": {task['reason']}"
-            try:
-                err = b"".join(client.logs(tid, stderr=True)).decode("utf-8", "replace")[-2000:]
-            except RequestFailed as e:
-                if e.code != "gone":
-                    raise
-                err = ""
+            err = (_output(client, tid, stderr=True) or "")[-2000:]
             f.set_exception(RemoteTaskError(why + (f"\n{err}" if err else "")))
             return
         try:
@@ -320,3 +313,14 @@ def _notify_cancelled(f: cf.Future[Any]) -> None:
         f.set_running_or_notify_cancel()
     except RuntimeError:
         pass  # notified already
+
+
+def _output(client: Client, tid: str, stderr: bool = False) -> str | None:
+    """A task's stdout (or stderr) as text; None when its runner no longer keeps it
+    (other failures raise: the watch loop reconnects and looks again)."""
+    try:
+        return b"".join(client.logs(tid, stderr=stderr)).decode("utf-8", "replace")
+    except RequestFailed as e:
+        if e.code != "gone":
+            raise
+        return None

@@ -396,13 +396,14 @@ class Executor:
     @staticmethod
     def _shim_start(status_dir: Path, lease: float | None, ready: bool = False) -> tuple[int, int]:
         """The attempt's status directory, fresh (an exit file left by an earlier
-        attempt would read as this one's end; so would a lease) unless `ready` (one
-        from the pool, emptied when it was given back), its lease for a fenced task,
-        and the shim's report pipe."""
-        if not ready:
-            try:
-                status_dir.mkdir(mode=0o700, parents=True)  # new: nothing left in it
-            except FileExistsError:
+        attempt would read as this one's end; so would a lease), its lease for a
+        fenced task, and the shim's report pipe. A `ready` one (from the pool) was
+        emptied when it was given back: its mkdir only finds it there (a cheap EEXIST,
+        no inode allocated), or makes it again if someone removed it meanwhile."""
+        try:
+            status_dir.mkdir(mode=0o700, parents=True)  # new: nothing left in it
+        except FileExistsError:
+            if not ready:
                 for name in (shimmod.EXIT_FILE, shimmod.LEASE_FILE):
                     try:
                         os.unlink(status_dir / name)

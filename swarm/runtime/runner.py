@@ -341,7 +341,8 @@ class LocalRunner:
                 if launch.status_dir is not None and durable and self.table.journal.settled:
                     # its end and DelProc are on disk (written in order): no row names
                     # the directory any more, so the next start may use it
-                    self.status_dirs.give_back(launch.status_dir)
+                    leased = launch.plan is not None and launch.plan.lease is not None
+                    self.status_dirs.give_back(launch.status_dir, leased)
                 after = self.table.get_cached(tid)
                 if after is not None and self.on_finished is not None:
                     self.on_finished(after)

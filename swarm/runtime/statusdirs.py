@@ -27,8 +27,9 @@ from pathlib import Path
 
 from . import shim as shimmod
 
-# what a shim or the agent may have left in a directory (runtime/shim.py)
-_LEFT = (shimmod.EXIT_FILE, shimmod.LEASE_FILE, shimmod.LEASE_FILE + ".tmp")
+# what a shim or the agent may have left in a directory (runtime/shim.py): the exit
+# file; the lease (and its temporary) only where the task had one (--at-most-once)
+_LEASE_FILES = (shimmod.LEASE_FILE, shimmod.LEASE_FILE + ".tmp")
 
 
 class StatusDirs:
@@ -48,13 +49,14 @@ class StatusDirs:
         self._made += 1
         return self.root / f"{self._prefix}{self._made}", False
 
-    def give_back(self, d: Path) -> bool:
-        """Return a directory whose task's end and DelProc are durable; False when it
-        is not one of ours or cannot be emptied (it then stays out of the pool)."""
+    def give_back(self, d: Path, leased: bool = False) -> bool:
+        """Return a directory whose task's end and DelProc are durable (`leased`: its
+        task had a lease file there); False when it is not one of ours or cannot be
+        emptied (it then stays out of the pool)."""
         if d.parent != self.root or not d.name.startswith("_"):
             return False
         found = False
-        for name in _LEFT:
+        for name in (shimmod.EXIT_FILE, *(_LEASE_FILES if leased else ())):
             try:
                 os.unlink(d / name)
                 found = True
