@@ -9,6 +9,7 @@ invariant, so a failing run says what broke, not just that something did.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -73,7 +74,11 @@ RESTART_RERUN = "restart-nothing-rerun"
 RETRY_RECORDED = "rerun-in-record"
 # `swarm status ID` answers the same final state at every surviving node (a sample)
 VISIBLE = "final-state-visible-everywhere"
-EVERY_RUN = (AT_MOST_ONCE, UNRECORDED, CANCEL, RETRY_RECORDED, VISIBLE)  # issue 19's
+# a copy of a task kept at another node (node/replicas.py) learns how the task ended,
+# once it ended at its home: no copy stays `queued` for a finished task (chaos shim: a
+# node whose answer to the copy was lost kept one nobody updated)
+COPY_RELEASED = "copy-learns-the-end"
+EVERY_RUN = (AT_MOST_ONCE, UNRECORDED, CANCEL, RETRY_RECORDED, VISIBLE, COPY_RELEASED)
 
 # issue 22 (gangs), in the gang scenario, from the members' timed marks (a beat every
 # 0.2 s): no stretch in which some members of one start of a strict gang run and others
@@ -316,8 +321,12 @@ def check_backups(
                 continue
             bid = won_by(o)
             if bid is not None:
-                b = j.tasks.get(bid)
-                if b is None or b.state is not m.TaskState.SUCCEEDED or b.spec.backup_of != oid:
+                winner = j.tasks.get(bid)
+                if (
+                    winner is None
+                    or winner.state is not m.TaskState.SUCCEEDED
+                    or winner.spec.backup_of != oid
+                ):
                     what = (
                         f"task {oid} took its result from {bid}, not a backup of it that succeeded"
                     )
@@ -1359,6 +1368,35 @@ def check_reruns_recorded(
                 f"task {a.id} ran {len(runs)} times ({shown}); its record shows {points} retries"
             )
             out.append(Violation(RETRY_RECORDED, runs[-1].node, detail))
+    return out
+
+
+def check_copies_released(
+    journals: Mapping[str, JournalData],
+    skip_nodes: Iterable[str] = (),
+    ended_before: float = math.inf,
+) -> list[Violation]:
+    """Every copy a node keeps of another home's task carries how it ended, once the
+    home's own record ended (before `ended_before`, wall time: a release is sent at the
+    next tick). Copies held by, or naming as home, a node in `skip_nodes` (lost for
+    good, or whose journal writes failed) are not judged."""
+    skip = set(skip_nodes)
+    out = []
+    for node, j in sorted(journals.items()):
+        if node in skip:
+            continue
+        for tid, home in sorted(j.open_copies.items()):
+            hj = journals.get(home)
+            t = hj.tasks.get(tid) if hj is not None and home not in skip else None
+            if t is None or t.spec.home != home or t.state.value not in TERMINAL:
+                continue
+            if (t.finished_at or 0.0) >= ended_before:
+                continue
+            detail = (
+                f"copy of {tid} (home {home}) has no word of its end: {t.state.value} at "
+                f"its home since {t.finished_at:.1f}"
+            )
+            out.append(Violation(COPY_RELEASED, node, detail))
     return out
 
 

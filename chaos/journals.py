@@ -69,6 +69,9 @@ class JournalData:
     scale: tuple[ScaleEvent, ...] = ()  # elastic pools' journaled actions
     replicated: frozenset[str] = frozenset()  # tasks of this home with copies (repls:)
     late_held: frozenset[str] = frozenset()  # tasks this home held for late binding
+    # copies of other homes' tasks kept here with no word of their end (replica:
+    # entries without `final`): task id -> the home the copy names
+    open_copies: Mapping[str, str] = attrs.field(factory=dict)
 
     def events_of(self, task_id: str) -> list[TransitionEvent]:
         return [e for e in self.transitions if e.task_id == task_id]
@@ -128,6 +131,15 @@ def read_journal(node: str, path: Path) -> JournalData:
             str(k)[len("repls:") :]
             for (k,) in conn.execute("SELECT key FROM kv WHERE key LIKE 'repls:%'")
         )
+        open_copies: dict[str, str] = {}
+        for k, v in conn.execute("SELECT key, value FROM kv WHERE key LIKE 'replica:%'"):
+            try:
+                d = wire.unpack(v)
+            except wire.WireError:
+                bad += 1
+                continue
+            if isinstance(d, dict) and d.get("final") is None:
+                open_copies[str(k)[len("replica:") :]] = str(d.get("home", ""))
     finally:
         conn.close()
     return JournalData(
@@ -140,6 +152,7 @@ def read_journal(node: str, path: Path) -> JournalData:
         scale=tuple(scale),
         replicated=replicated,
         late_held=frozenset(late),
+        open_copies=open_copies,
     )
 
 

@@ -431,6 +431,7 @@ class Runner:
         )
         # every agent runs again after the heal, but those lost for good
         expected = [a.name for a in cl.kept()]
+        settled_wall = time.time() - 3.0  # ends before this had a tick to tell copies
         answers = self._status_everywhere(cl)
         lost = frozenset(a.name for a in cl.agents if a.lost)
         stop_codes: dict[str, int | None] = {}
@@ -505,6 +506,7 @@ class Runner:
             if "event=replica.short" in line and (f := inv.logfmt(line))
         }
         violations += inv.check_visible(answers, [*outcome.with_home, *short])
+        violations += inv.check_copies_released(journals, lost | disk_nodes, settled_wall)
         if self.sc.labels:
             labels = {f"n{i}": kv for i, kv in node_labels(self.sc).items()}
             co = inv.check_constraints(journals, labels, marks, acked)

@@ -367,6 +367,11 @@ class Succession:
             n for n, m in self._members.items() if m.state is MemberState.ALIVE and n != self.me
         )
 
+    def is_gone(self, node: NodeId) -> bool:
+        """Is `node` dead or left in this view (for any time)?"""
+        m = self._members.get(node)
+        return m is not None and m.state in GONE
+
     def gone_for(self, node: NodeId, now: float) -> float | None:
         """How long `node` has been dead or left in this view (None: it is not)."""
         m = self._members.get(node)

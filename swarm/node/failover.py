@@ -46,6 +46,7 @@ from .replicas import Held
 
 S = m.TaskState
 NOTICES_PER_MESSAGE = 256
+STRAY_GIVE_UP = 3600.0  # seconds gone after which a stray copy's release is given up
 # A member our records name that our view never heard of, this long after we first saw
 # a peer: gone long ago (push-pull carries dead members only for a short while, so a
 # node that restarts later never hears of one; it would wait on it for ever)
@@ -66,6 +67,7 @@ class Failover:
     adopted: dict[m.TaskId, tuple[m.NodeId, int]]  # task -> (old home, claim epoch)
     mine: dict[m.TaskId, tuple[m.NodeId, ...]]  # replicas.py: our tasks' replicas
     held: dict[m.TaskId, Held]  # replicas.py: copies of other homes' tasks
+    strays: dict[m.TaskId, frozenset[m.NodeId]]  # replicas.py: nodes that may hold one
     heard: set[m.NodeId]  # members this node's view has named, in any state
     peer_since: float | None  # when the view first named another member alive
     counters: dict[str, int]
@@ -86,6 +88,9 @@ class Failover:
             self, task_id: m.TaskId, live: list[m.NodeId], extra: int = 2
         ) -> tuple[int, tuple[m.NodeId, ...]]: ...
         def forget_replicas(self, tid: m.TaskId) -> list[ev.Instruction]: ...
+        def forget_strays(
+            self, tid: m.TaskId, nodes: frozenset[m.NodeId]
+        ) -> list[ev.Instruction]: ...
         def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]: ...
         def prune_finished_copies(self, wall: float) -> list[ev.Instruction]: ...
         def explain(self, tid: m.TaskId, rec: dict[str, Any], wall: float) -> ev.Explain: ...
@@ -113,6 +118,7 @@ class Failover:
                 out += self.rereplicated(d.task_id, d.replicas)
             elif isinstance(d, Notice):
                 owed.setdefault(d.to, []).append(d)
+        out += self._forget_gone_strays(now)
         out += self.replica_updates()
         if now >= self.prune_at:
             self.prune_at = now + 60.0
@@ -120,6 +126,20 @@ class Failover:
         for dest, notices in sorted(owed.items()):
             for i in range(0, len(notices), NOTICES_PER_MESSAGE):
                 out.append(ev.SendNotices(dest, tuple(notices[i : i + NOTICES_PER_MESSAGE])))
+        return out
+
+    def _forget_gone_strays(self, now: float) -> list[ev.Instruction]:
+        """Nodes that may hold a stray copy (replicas.py `strays`) are sent its release
+        only while they are live in this view, and given up once gone for
+        STRAY_GIVE_UP: one back later keeps its copy as it was (an answer that may be
+        out of date, adopted only if the home is lost too)."""
+        out: list[ev.Instruction] = []
+        for tid, nodes in list(self.strays.items()):
+            gone = frozenset(
+                n for n in nodes if (self.succession.gone_for(n, now) or 0.0) >= STRAY_GIVE_UP
+            )
+            if gone:
+                out += self.forget_strays(tid, gone)
         return out
 
     def notices_undelivered(self, notices: tuple[Notice, ...]) -> None:

@@ -8,6 +8,7 @@ Keys (the task records themselves are rows of their own, not keys):
                (failover.py; cluster/succession.py)
   replica:<id> a copy of another home's task: its spec, home, runner, replicas
   repls:<id>   the nodes that keep a copy of a task whose home is here (replicas.py)
+  strays:<id>  nodes that may keep a stray copy of such a task (asked, no answer)
   gpu:<id>     a task's GPU slice allocation (a re-queued task restarts on it)
   globals      the global-task set (a CRDT, also gossiped)
   shares, undrain_shares   this node's shares and what an undrain gives back (shares.py)
@@ -32,6 +33,7 @@ TOMB = "tomb:"
 ADOPT = "adopt:"
 REPLICA = "replica:"  # a copy of another home's task kept here (replicas.py)
 REPLICAS = "repls:"  # the nodes keeping copies of a task whose home is here
+STRAYS = "strays:"  # nodes that may keep a stray copy of it (replicas.py)
 GPU = "gpu:"
 GLOBALS_KEY = "globals"
 USAGE_KEY = "usage"  # this node's decayed usage per principal (fair share, runqueue.py)

@@ -39,10 +39,10 @@ from .. import codec, wire
 from .. import model as m
 from ..cluster import handoff as h
 from ..cluster.messages import MAX_ID_LEN
-from ..cluster.succession import MAX_COPIES, replica_of, replicas_wanted
+from ..cluster.succession import MAX_COPIES, Succession, replica_of, replicas_wanted
 from . import events as ev
 from .records import TaskRecords
-from .recovery import REPLICA, REPLICAS, Handoffs
+from .recovery import REPLICA, REPLICAS, STRAYS, Handoffs
 
 RELEASE = "release"
 HOLD = "hold"
@@ -156,6 +156,10 @@ class Replicas:
     replicas_wanted: int | None  # the configured copies (None: by cluster size)
     mine: dict[m.TaskId, tuple[m.NodeId, ...]]  # our tasks -> the nodes holding copies
     sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]]  # acknowledged
+    # our tasks -> nodes asked for a copy that gave no answer, so may hold one (a lost
+    # answer, not a lost request): each is sent the release once the task ended
+    strays: dict[m.TaskId, frozenset[m.NodeId]]
+    succession: Succession
     held: dict[m.TaskId, Held]  # copies of other homes' tasks
     counters: dict[str, int]
 
@@ -184,24 +188,36 @@ class Replicas:
         nodes: tuple[m.NodeId, ...],
         told: tuple[m.NodeId, ...] = (),
         planned: tuple[m.NodeId, ...] = (),
+        unanswered: tuple[m.NodeId, ...] = (),
     ) -> list[ev.Instruction]:
         """These nodes journaled a copy of our task (the submission's answer waits for
         this write, unless `planned`, journaled with the task, named them already).
         `told`: the replicas their copy names; when a stand-in holds one in place of a
         node that did not answer, each is told the real ones at the next tick (chaos
         home-loss: a copy naming a replica that held none waited for it to adopt, and
-        nobody adopted the task)."""
+        nobody adopted the task).
+
+        `unanswered`: nodes asked that gave no answer. One whose answer was lost, not
+        its request, holds a copy nobody keeps current (chaos shim: a stray copy still
+        `queued` long after the task succeeded, answered by `swarm status` there when
+        the home was slow, and one its holder would adopt, and run again, if the home
+        were lost): each gets the task's release, with how it ended (`strays`)."""
+        out: list[ev.Instruction] = []
+        strays = frozenset(unanswered) - frozenset(nodes)
+        if strays:
+            self.strays[task_id] = self.strays.get(task_id, frozenset()) | strays
+            out.append(ev.Persist((ev.Put(STRAYS + task_id, sorted(self.strays[task_id])),)))
         if not nodes:
             # none answered: the planned entry names nodes without copies (harmless,
             # see replicas_planned); drop it, no need to wait for that
-            return [ev.Persist((ev.Delete(REPLICAS + task_id),))] if planned else []
+            return [*out, ev.Persist((ev.Delete(REPLICAS + task_id),))] if planned else out
         self.mine[task_id] = nodes
         same = set(told or nodes) == set(nodes)
         for n in nodes:
             self.sent[(task_id, n)] = (RUNNER, None) if same else ("stale", None)
         if set(planned) == set(nodes):
-            return []
-        return [ev.Persist((ev.Put(REPLICAS + task_id, list(nodes)),), durable=True)]
+            return out
+        return [*out, ev.Persist((ev.Put(REPLICAS + task_id, list(nodes)),), durable=True)]
 
     def hold_msg(self, spec: m.TaskSpec, replicas: tuple[m.NodeId, ...]) -> ReplicaMsg:
         return ReplicaMsg(HOLD, spec.id, self.node, None, replicas, spec)
@@ -218,14 +234,36 @@ class Replicas:
     def replica_updates(self) -> list[ev.Instruction]:
         """Messages owed to our tasks' replicas (retried each tick until answered)."""
         out: list[ev.Instruction] = []
-        for tid in sorted(self.mine):
+        for tid in sorted(self.mine.keys() | self.strays.keys()):
             out += self.replica_update(tid)
         return out
+
+    def _stray_releases(self, tid: m.TaskId) -> list[ev.Instruction]:
+        """Once the task ended (or is no longer ours), a release with how it ended to
+        each node that may hold a stray copy of it: the copy becomes an answer for
+        `swarm status`, never adopted; a node without one changes nothing."""
+        nodes = self.strays.get(tid, frozenset()) - set(self.mine.get(tid, ()))
+        nodes = frozenset(n for n in nodes if not self.succession.is_gone(n))  # until back
+        if not nodes or self._wanted_state(tid)[0] != RELEASE:
+            return []
+        t = self.records.get_cached(tid)
+        final = Final.of(t) if t is not None and t.state.terminal else None
+        msg = ReplicaMsg(RELEASE, tid, self.node, None, self.mine.get(tid, ()), final=final)
+        return [ev.SendReplica(n, msg) for n in sorted(nodes)]
+
+    def forget_strays(self, tid: m.TaskId, nodes: frozenset[m.NodeId]) -> list[ev.Instruction]:
+        """Stop sending these nodes the release (they answered it, or are gone)."""
+        left = self.strays.get(tid, frozenset()) - nodes
+        if left:
+            self.strays[tid] = left
+            return [ev.Persist((ev.Put(STRAYS + tid, sorted(left)),))]
+        self.strays.pop(tid, None)
+        return [ev.Persist((ev.Delete(STRAYS + tid),))]
 
     def replica_update(self, tid: m.TaskId) -> list[ev.Instruction]:
         """The messages owed to one task's replicas (also sent at once when the task
         ends: a replica that has not heard of the end could run it again)."""
-        out: list[ev.Instruction] = []
+        out: list[ev.Instruction] = self._stray_releases(tid) if tid in self.strays else []
         nodes = self.mine.get(tid, ())
         if nodes:
             want = self._wanted_state(tid)
@@ -249,12 +287,15 @@ class Replicas:
 
     def replica_acked(self, dest: m.NodeId, msg: ReplicaMsg) -> list[ev.Instruction]:
         tid = msg.task_id
+        out: list[ev.Instruction] = []
+        if msg.kind == RELEASE and dest in self.strays.get(tid, ()):
+            out += self.forget_strays(tid, frozenset((dest,)))
         if tid not in self.mine or dest not in self.mine[tid]:
-            return []
+            return out
         self.sent[(tid, dest)] = (RELEASE if msg.kind == RELEASE else RUNNER, msg.runner)
         if all(self.sent.get((tid, n), ("",))[0] == RELEASE for n in self.mine[tid]):
-            return self.forget_replicas(tid)
-        return []
+            return [*out, *self.forget_replicas(tid)]
+        return out
 
     def forget_replicas(self, tid: m.TaskId) -> list[ev.Instruction]:
         nodes = self.mine.pop(tid, ())
@@ -263,13 +304,19 @@ class Replicas:
         return [ev.Persist((ev.Delete(REPLICAS + tid),))] if nodes else []
 
     def rereplicated(self, tid: m.TaskId, nodes: tuple[m.NodeId, ...]) -> list[ev.Instruction]:
-        """Succession named new replicas for our task: the new ones get the copy."""
+        """Succession named new replicas for our task: the new ones get the copy. The
+        ones replaced (gone for a grace) keep theirs: if they come back, they get the
+        release once the task ended, as a stray copy does."""
         old = self.mine.get(tid, ())
-        for n in old:
-            if n not in nodes:
-                self.sent.pop((tid, n), None)
+        replaced = frozenset(n for n in old if n not in nodes)
+        for n in replaced:
+            self.sent.pop((tid, n), None)
         self.mine[tid] = nodes
-        return [ev.Persist((ev.Put(REPLICAS + tid, list(nodes)),), durable=True)]
+        out: list[ev.Instruction] = []
+        if replaced:
+            self.strays[tid] = self.strays.get(tid, frozenset()) | replaced
+            out.append(ev.Persist((ev.Put(STRAYS + tid, sorted(self.strays[tid])),)))
+        return [*out, ev.Persist((ev.Put(REPLICAS + tid, list(nodes)),), durable=True)]
 
     # --------------------------------------------------------- replica side
 
@@ -283,6 +330,8 @@ class Replicas:
         cur = self.held.get(tid)
         if msg.kind == HOLD:
             assert msg.spec is not None  # replica_msg_from_wire checks it
+            if cur is not None and cur.final is not None:
+                return None, []  # it ended: a late copy of its start changes nothing
             if self.records.get_cached(tid) is not None and tid not in self.held:
                 # we hold the task itself (we run it, or we are its home): no copy
                 return None, []
@@ -331,17 +380,30 @@ class Replicas:
         return out
 
 
-def restore_replicas(
-    kv: dict[str, Any],
-) -> tuple[dict[m.TaskId, tuple[m.NodeId, ...]], dict[m.TaskId, Held]]:
-    """Our tasks' replicas (`repls:`) and the copies we keep (`replica:`) from the
-    journal; a malformed entry is skipped (the copy is lost, as without replicas)."""
+@attrs.frozen
+class Restored:
+    """The replica part of a journal (restore_replicas)."""
+
+    mine: dict[m.TaskId, tuple[m.NodeId, ...]]
+    held: dict[m.TaskId, Held]
+    strays: dict[m.TaskId, frozenset[m.NodeId]]
+
+
+def restore_replicas(kv: dict[str, Any]) -> Restored:
+    """Our tasks' replicas (`repls:`), the nodes that may hold stray copies of them
+    (`strays:`) and the copies we keep (`replica:`) from the journal; a malformed entry
+    is skipped (the copy is lost, as without replicas)."""
     mine: dict[m.TaskId, tuple[m.NodeId, ...]] = {}
     held: dict[m.TaskId, Held] = {}
+    strays: dict[m.TaskId, frozenset[m.NodeId]] = {}
     for key, value in kv.items():
         try:
             if key.startswith(REPLICAS):
                 mine[key[len(REPLICAS) :]] = tuple(str(n) for n in value)
+            elif key.startswith(STRAYS):
+                nodes = frozenset(str(n) for n in value if isinstance(n, str) and n)
+                if nodes:
+                    strays[key[len(STRAYS) :]] = nodes
             elif key.startswith(REPLICA):
                 f = wire.Fields(value, "replica record")
                 spec = wire.decode_with(codec.task_spec_from_wire, f.map("spec", required=True))
@@ -355,4 +417,4 @@ def restore_replicas(
                 f.done()
         except (wire.WireError, TypeError, ValueError):
             continue
-    return mine, held
+    return Restored(mine, held, strays)

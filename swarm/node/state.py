@@ -128,6 +128,7 @@ class NodeState(
         self.replicas_wanted = settings.replicas
         self.mine: dict[m.TaskId, tuple[m.NodeId, ...]] = {}  # replicas.py
         self.sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]] = {}
+        self.strays: dict[m.TaskId, frozenset[m.NodeId]] = {}  # replicas.py
         self.held: dict[m.TaskId, Held] = {}
         self.heard: set[m.NodeId] = set()
         self.fence_ttl = settings.fence_ttl

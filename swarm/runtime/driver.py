@@ -218,7 +218,12 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
         if globals_ is not None:
             self.state.globals = globals_
         self.state.adopted = restore_adopted(kv)
-        self.state.mine, self.state.held = restore_replicas(kv)
+        copies = restore_replicas(kv)
+        self.state.mine, self.state.held, self.state.strays = (
+            copies.mine,
+            copies.held,
+            copies.strays,
+        )
         self.state.gang_rounds, self.state.gang_starts = restore_gang_rounds(kv)
         self.state.array_progress = restore_array_progress(kv)
         usage = kv.get(USAGE_KEY)

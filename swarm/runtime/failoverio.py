@@ -187,9 +187,11 @@ class FailoverIO:
         if k == 0:
             return 0
         chosen: list[m.NodeId] = []
+        asked: list[m.NodeId] = []
         msg = self.state.hold_msg(spec, tuple(candidates[:k]))
 
         async def one(node: m.NodeId) -> None:
+            asked.append(node)
             if await self._replica_rpc(node, msg):
                 chosen.append(node)
 
@@ -201,13 +203,14 @@ class FailoverIO:
                 break
             await one(node)
         planned = msg.replicas if plan.ops else ()
+        unanswered = tuple(x for x in asked if x not in chosen)
         await self.execute(
-            self.state.replicas_chosen(spec.id, tuple(chosen), msg.replicas, planned)
+            self.state.replicas_chosen(spec.id, tuple(chosen), msg.replicas, planned, unanswered)
         )
         if len(chosen) < k:
             self.log.warning("replica.short", task=spec.id, wanted=k, held=len(chosen))
-            asked = ", ".join(candidates)
-            why = {"outcome": f"accepted with {len(chosen)} of {k} copies (asked {asked})"}
+            names = ", ".join(asked)
+            why = {"outcome": f"accepted with {len(chosen)} of {k} copies (asked {names})"}
             self.run_inline([self.state.explain(spec.id, why, self._time()[1])])
         return len(chosen)
 

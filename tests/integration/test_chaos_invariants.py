@@ -10,6 +10,7 @@ import random
 import time
 from pathlib import Path
 
+import attrs
 import hypothesis.strategies as st
 import trio
 from hypothesis import given, settings
@@ -558,6 +559,28 @@ def test_one_final_state_visible_from_every_node() -> None:
     assert inv.check_visible(ok) == []
     bad = {"t1": {"n1": "succeeded", "n2": "running"}, "t2": {"n1": "error: x"}}
     assert [v.invariant for v in inv.check_visible(bad)] == [inv.VISIBLE, inv.VISIBLE]
+
+
+def test_a_copy_must_learn_how_its_task_ended() -> None:
+    """Chaos shim: a copy whose holder's answer was lost stayed `queued` for a task
+    that had long succeeded at its home."""
+    home = Book("n1")
+    home.run(_spec("t1", home="n1"), T0 + 1, T0 + 2)
+    home.run(_spec("t2", home="n1"), T0 + 1, T0 + 50)  # ended just before the check
+    home.submit(_spec("t3", home="n1"))  # still queued: its copy may well say so
+    j1 = home.data()
+    j2 = attrs.evolve(Book("n2").data(), open_copies={"t1": "n1", "t2": "n1", "t3": "n1"})
+    j3 = attrs.evolve(Book("n3").data(), open_copies={"t1": "n1"})
+    journals = {"n1": j1, "n2": j2, "n3": j3}
+    got = inv.check_copies_released(journals, ended_before=T0 + 10)
+    assert [(v.invariant, v.node) for v in got] == [
+        (inv.COPY_RELEASED, "n2"),
+        (inv.COPY_RELEASED, "n3"),
+    ]
+    assert "t1" in got[0].detail and "succeeded" in got[0].detail
+    # a holder or a home lost for good is not judged
+    assert [v.node for v in inv.check_copies_released(journals, ["n3"], T0 + 10)] == ["n2"]
+    assert inv.check_copies_released(journals, ["n1"], T0 + 10) == []
 
 
 # --------------------------------------------------------------- gangs (issue 22)

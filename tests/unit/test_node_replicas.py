@@ -10,7 +10,7 @@ import pytest
 from swarm import model as m
 from swarm import wire
 from swarm.node import events as ev
-from swarm.node.recovery import ADOPT, REPLICA, REPLICAS
+from swarm.node.recovery import ADOPT, REPLICA, REPLICAS, STRAYS
 from swarm.node.replicas import (
     HOLD,
     RELEASE,
@@ -229,8 +229,17 @@ def test_replica_messages_decode_strictly() -> None:
 def test_restore_replicas_reads_both_tables_and_skips_bad_entries() -> None:
     _, b, c, _, _, r = _submitted()
     rep = {"B": b, "C": c}[r]
-    mine, held = restore_replicas({**rep.kv, REPLICA + "bad": {"spec": 5}, REPLICAS + "t2": ["B"]})
-    assert mine == {"t2": ("B",)} and held["t1"].spec.id == "t1" and "bad" not in held
+    got = restore_replicas(
+        {
+            **rep.kv,
+            REPLICA + "bad": {"spec": 5},
+            REPLICAS + "t2": ["B"],
+            STRAYS + "t2": ["C", 7],
+            STRAYS + "t3": 5,
+        }
+    )
+    assert got.mine == {"t2": ("B",)} and got.held["t1"].spec.id == "t1"
+    assert "bad" not in got.held and got.strays == {"t2": frozenset({"C"})}
 
 
 def test_the_adopters_own_runner_follows_its_notice_and_keeps_the_task() -> None:
@@ -276,7 +285,7 @@ def test_a_released_copy_keeps_how_the_task_ended_and_is_never_adopted() -> None
     held = rep.state.held["t1"]
     assert held.final == Final("succeeded", 0, None, "exit 0", 1002.0)
     assert rep.kv[REPLICA + "t1"]["final"]["state"] == "succeeded"
-    _, restored = restore_replicas(dict(rep.kv))
+    restored = restore_replicas(dict(rep.kv)).held
     assert restored["t1"].final == held.final
     # H is lost: the finished copy is not adopted, however long H stays dead
     rep.state.members_seen((("H", DEAD),), 3.0)
@@ -325,3 +334,97 @@ def test_copies_held_by_a_stand_in_learn_the_real_replicas() -> None:
     b.state.members_seen((("H", DEAD),), 2.0)
     _tick(b, 2.0 + 2 * GRACE + 0.1)
     assert b.state.records.active["t1"].spec.home == "B"
+
+
+def test_a_node_whose_answer_was_lost_gets_the_release_of_its_stray_copy() -> None:
+    """Chaos shim: C journaled the copy but its answer was lost, so B stood in. C's
+    copy was then kept current by nobody: still `queued` after the task succeeded
+    (what `swarm status` answered there when the home was slow), and one C would adopt,
+    and run again, if the home were lost. C now gets the release, with how it ended."""
+    h, b, c = _nodes("H", "B", "C")
+    nodes = {"B": b, "C": c}
+    for n in (h, b, c):
+        n.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    spec = h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
+    hold = h.state.hold_msg(spec, ("C",))
+    for n in (c, b):  # C's answer is lost; B stands in
+        why, instrs = n.state.on_replica("H", hold)
+        assert why is None
+        n.run(instrs)
+    h.run(h.state.replicas_chosen("t1", ("B",), told=("C",), unanswered=("C",)))
+    assert h.state.strays == {"t1": frozenset({"C"})} and h.kv[STRAYS + "t1"] == ["C"]
+    # while the task is not over, C is told nothing (B learns it is the replica)
+    assert [i.dest for i in h.state.replica_updates()] == ["B"]
+    h.run_here("t1")
+    assert h.try_start("t1", now=1.0) is None
+    h.finish("t1", 0, now=2.0, wall=1002.0)
+    out = [i for i in h.state.replica_updates() if isinstance(i, ev.SendReplica)]
+    assert sorted(i.dest for i in out) == ["B", "C"]
+    for i in out:
+        assert i.msg.kind == RELEASE and i.msg.final is not None
+        why, instrs = nodes[i.dest].state.on_replica("H", i.msg)
+        assert why is None
+        nodes[i.dest].run(instrs)
+        h.run(h.state.replica_acked(i.dest, i.msg))
+    assert c.state.held["t1"].final is not None and c.kv[REPLICA + "t1"]["final"]
+    assert h.state.strays == {} and "t1" not in h.state.mine and not h.state.replica_updates()
+    assert STRAYS + "t1" not in h.kv
+    # a late copy of the start (the lost request, delivered after all) changes nothing
+    why, instrs = c.state.on_replica("H", hold)
+    assert why is None and instrs == [] and c.state.held["t1"].final is not None
+    # the finished copy is never adopted, however long H stays dead
+    c.state.members_seen((("H", DEAD),), 3.0)
+    _tick(c, 3.0 + 3 * GRACE)
+    assert "t1" not in c.state.records.active
+
+
+def test_a_stray_copy_is_released_when_its_node_is_back_and_given_up_after_an_hour() -> None:
+    """A node that may hold a stray copy is sent its release only while it is live in
+    the home's view: one that died is asked again once back, and one gone for
+    STRAY_GIVE_UP is given up."""
+    from swarm.node.failover import STRAY_GIVE_UP
+
+    h, b, c = _nodes("H", "B", "C")
+    for n in (h, b, c):
+        n.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
+    h.submit(m.TaskSpec(id="t2", argv=("sleep", "1")))
+    for tid in ("t1", "t2"):
+        h.run(h.state.replicas_chosen(tid, ("B",), told=("B",), unanswered=("C",)))
+        h.run_here(tid)
+        assert h.try_start(tid, now=1.0) is None
+        h.finish(tid, 0, now=2.0, wall=1002.0)
+    assert [i.dest for i in h.state.replica_updates()].count("C") == 2
+    h.state.members_seen((("C", DEAD),), 3.0)
+    assert "C" not in [i.dest for i in h.state.replica_updates()]  # not while it is gone
+    # back before the hour: its releases go
+    h.state.members_seen((("C", ALIVE),), 100.0)
+    h.replica_out.clear()
+    _tick(h, 101.0)
+    to_c = [i.msg for i in h.replica_out if i.dest == "C"]
+    assert sorted(x.task_id for x in to_c) == ["t1", "t2"] and all(x.final for x in to_c)
+    h.run(h.state.replica_acked("C", to_c[0]))
+    assert h.state.strays == {to_c[1].task_id: frozenset({"C"})}
+    # gone again, for longer than the hour: given up, its journal entry goes
+    h.state.members_seen((("C", DEAD),), 200.0)
+    _tick(h, 200.0 + STRAY_GIVE_UP / 2)
+    assert h.state.strays
+    _tick(h, 200.0 + STRAY_GIVE_UP + 1)
+    assert h.state.strays == {} and not any(k.startswith(STRAYS) for k in h.kv)
+
+
+def test_a_replaced_replica_is_sent_the_release_if_it_comes_back() -> None:
+    """A replica gone for a grace is replaced (succession), but it keeps its copy: back
+    later, it learns how the task ended instead of keeping it queued for ever."""
+    h, b, c = _nodes("H", "B", "C")
+    for n in (h, b, c):
+        n.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
+    h.run(h.state.replicas_chosen("t1", ("C",)))
+    h.run(h.state.rereplicated("t1", ("B",)))
+    assert h.state.mine["t1"] == ("B",) and h.state.strays == {"t1": frozenset({"C"})}
+    assert [i.dest for i in h.state.replica_updates()] == ["B"]  # B gets the copy
+    h.run_here("t1")
+    assert h.try_start("t1", now=1.0) is None
+    h.finish("t1", 0, now=2.0, wall=1002.0)
+    assert sorted(i.dest for i in h.state.replica_updates()) == ["B", "C"]
