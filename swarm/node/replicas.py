@@ -51,6 +51,8 @@ RUNNER = "runner"
 
 FINAL_STATES = frozenset(s.value for s in m.TERMINAL_STATES)
 FINISHED_COPY_KEEP = 7 * 86400.0  # seconds a finished copy is kept (keep-finished's default)
+ENDED_UNHELD_KEEP = 600.0  # seconds a release for a copy not held here refuses late copies
+ENDED_UNHELD_MAX = 65536  # ... and how many such releases are remembered at most
 
 
 @attrs.frozen
@@ -160,6 +162,9 @@ class Replicas:
     # answer, not a lost request): each is sent the release once the task ended
     strays: dict[m.TaskId, frozenset[m.NodeId]]
     succession: Succession
+    # releases with how the task ended, for tasks of which we held no copy (a stray's
+    # release that overtook the copy itself): task -> when it ended (wall)
+    ended_unheld: dict[m.TaskId, float]
     held: dict[m.TaskId, Held]  # copies of other homes' tasks
     counters: dict[str, int]
 
@@ -330,14 +335,22 @@ class Replicas:
         cur = self.held.get(tid)
         if msg.kind == HOLD:
             assert msg.spec is not None  # replica_msg_from_wire checks it
-            if cur is not None and cur.final is not None:
-                return None, []  # it ended: a late copy of its start changes nothing
+            if (cur is not None and cur.final is not None) or tid in self.ended_unheld:
+                # it ended: a late copy of its start changes nothing (the home's request
+                # that timed out, delivered after all, even after the release it sent
+                # when the task ended over another connection)
+                return None, []
             if self.records.get_cached(tid) is not None and tid not in self.held:
                 # we hold the task itself (we run it, or we are its home): no copy
                 return None, []
             self.held[tid] = Held(msg.spec, sender, msg.runner, msg.replicas)
             self.counters["replicas_held"] = self.counters.get("replicas_held", 0) + 1
             return None, [self._persist_held(tid)]
+        if cur is None and msg.kind == RELEASE and msg.final is not None:
+            self.ended_unheld[tid] = msg.final.at
+            if len(self.ended_unheld) > ENDED_UNHELD_MAX:
+                del self.ended_unheld[next(iter(self.ended_unheld))]
+            return None, []
         if cur is None or cur.home != sender:
             return None, []  # released already, or not this home's any more: nothing to do
         if msg.kind == RELEASE and msg.final is not None:
@@ -374,6 +387,8 @@ class Replicas:
             for tid, c in self.held.items()
             if c.final is not None and c.final.at < wall - FINISHED_COPY_KEEP
         ]
+        for tid in [t for t, at in self.ended_unheld.items() if at < wall - ENDED_UNHELD_KEEP]:
+            del self.ended_unheld[tid]
         out: list[ev.Instruction] = []
         for tid in old:
             out += self.drop_held(tid)

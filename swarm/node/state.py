@@ -129,6 +129,7 @@ class NodeState(
         self.mine: dict[m.TaskId, tuple[m.NodeId, ...]] = {}  # replicas.py
         self.sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]] = {}
         self.strays: dict[m.TaskId, frozenset[m.NodeId]] = {}  # replicas.py
+        self.ended_unheld: dict[m.TaskId, float] = {}  # replicas.py
         self.held: dict[m.TaskId, Held] = {}
         self.heard: set[m.NodeId] = set()
         self.fence_ttl = settings.fence_ttl

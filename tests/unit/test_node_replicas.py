@@ -378,6 +378,32 @@ def test_a_node_whose_answer_was_lost_gets_the_release_of_its_stray_copy() -> No
     assert "t1" not in c.state.records.active
 
 
+def test_a_copy_that_arrives_after_the_release_of_its_end_is_not_kept() -> None:
+    """Chaos double-kill: C was cut off when asked for the copy; the home gave up on
+    its answer, the task ended, and the release (sent when C was back) reached C before
+    the copy itself, delivered late on the first connection. C kept a copy `queued`."""
+    from swarm.node.replicas import ENDED_UNHELD_KEEP
+
+    h, _b, c = _nodes("H", "B", "C")
+    for n in (h, c):
+        n.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    spec = h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
+    hold = h.state.hold_msg(spec, ("C",))
+    h.run(h.state.replicas_chosen("t1", (), told=("C",), unanswered=("C",)))
+    h.run_here("t1")
+    assert h.try_start("t1", now=1.0) is None
+    h.finish("t1", 0, now=2.0, wall=1002.0)
+    [release] = [i.msg for i in h.state.replica_updates() if i.dest == "C"]
+    for msg in (release, hold):  # the release overtakes the copy
+        why, instrs = c.state.on_replica("H", msg)
+        assert why is None and instrs == []
+    h.run(h.state.replica_acked("C", release))
+    assert "t1" not in c.state.held and h.state.strays == {}
+    # remembered for ENDED_UNHELD_KEEP only
+    c.run(c.state.prune_finished_copies(1002.0 + ENDED_UNHELD_KEEP + 1))
+    assert "t1" not in c.state.ended_unheld
+
+
 def test_a_stray_copy_is_released_when_its_node_is_back_and_given_up_after_an_hour() -> None:
     """A node that may hold a stray copy is sent its release only while it is live in
     the home's view: one that died is asked again once back, and one gone for
