@@ -367,10 +367,10 @@ class Succession:
             n for n, m in self._members.items() if m.state is MemberState.ALIVE and n != self.me
         )
 
-    def is_gone(self, node: NodeId) -> bool:
-        """Is `node` dead or left in this view (for any time)?"""
+    def is_alive(self, node: NodeId) -> bool:
+        """Is `node` alive in this view (not suspect, not gone, not unknown)?"""
         m = self._members.get(node)
-        return m is not None and m.state in GONE
+        return m is not None and m.state is MemberState.ALIVE
 
     def gone_for(self, node: NodeId, now: float) -> float | None:
         """How long `node` has been dead or left in this view (None: it is not)."""

@@ -134,9 +134,15 @@ class Failover:
         STRAY_GIVE_UP: one back later keeps its copy as it was (an answer that may be
         out of date, adopted only if the home is lost too)."""
         out: list[ev.Instruction] = []
+        # a node this view has never named, an hour after it first named a peer (the
+        # view after a restart may not list one long gone): as good as gone that long
+        unnamed_long = self.peer_since is not None and now - self.peer_since >= STRAY_GIVE_UP
         for tid, nodes in list(self.strays.items()):
             gone = frozenset(
-                n for n in nodes if (self.succession.gone_for(n, now) or 0.0) >= STRAY_GIVE_UP
+                n
+                for n in nodes
+                if (self.succession.gone_for(n, now) or 0.0) >= STRAY_GIVE_UP
+                or (unnamed_long and n not in self.heard)
             )
             if gone:
                 out += self.forget_strays(tid, gone)

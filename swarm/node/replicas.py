@@ -248,7 +248,7 @@ class Replicas:
         each node that may hold a stray copy of it: the copy becomes an answer for
         `swarm status`, never adopted; a node without one changes nothing."""
         nodes = self.strays.get(tid, frozenset()) - set(self.mine.get(tid, ()))
-        nodes = frozenset(n for n in nodes if not self.succession.is_gone(n))  # until back
+        nodes = frozenset(n for n in nodes if self.succession.is_alive(n))  # until back
         if not nodes or self._wanted_state(tid)[0] != RELEASE:
             return []
         t = self.records.get_cached(tid)

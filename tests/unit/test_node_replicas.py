@@ -439,6 +439,25 @@ def test_a_stray_copy_is_released_when_its_node_is_back_and_given_up_after_an_ho
     assert h.state.strays == {} and not any(k.startswith(STRAYS) for k in h.kv)
 
 
+def test_a_stray_copy_at_a_node_the_view_never_names_is_given_up() -> None:
+    """After a restart the view may not list a node long gone: a stray there is not
+    asked (nothing to ask), and is given up an hour after the view first named a peer."""
+    from swarm.node.failover import STRAY_GIVE_UP
+
+    h, _b, _c = _nodes("H", "B", "C")
+    h.state.members_seen((("H", ALIVE), ("B", ALIVE)), 10.0)
+    h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
+    h.run(h.state.replicas_chosen("t1", ("B",), told=("B",), unanswered=("Z",)))
+    h.run_here("t1")
+    assert h.try_start("t1", now=11.0) is None
+    h.finish("t1", 0, now=12.0, wall=1012.0)
+    assert "Z" not in [i.dest for i in h.state.replica_updates()]
+    _tick(h, 10.0 + STRAY_GIVE_UP / 2)
+    assert h.state.strays == {"t1": frozenset({"Z"})}
+    _tick(h, 10.0 + STRAY_GIVE_UP + 1)
+    assert h.state.strays == {}
+
+
 def test_a_replaced_replica_is_sent_the_release_if_it_comes_back() -> None:
     """A replica gone for a grace is replaced (succession), but it keeps its copy: back
     later, it learns how the task ended instead of keeping it queued for ever."""
