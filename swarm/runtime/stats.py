@@ -107,6 +107,13 @@ class Stats:
             },
             "transfer": _attrs_dict(self.coord.transfer.stats),
             "gangs": self.coord.state.gang_stats(),
+            # copies of tasks (node/replicas.py): of ours kept elsewhere, of other
+            # homes' kept here, and nodes that may keep a stray one still owed a release
+            "copies": {
+                "ours": len(self.coord.state.mine),
+                "held": len(self.coord.state.held),
+                "strays": sum(len(n) for n in self.coord.state.strays.values()),
+            },
             "transport": dict(self.cluster.transport.counters) if self.cluster.transport else {},
             "membership": dict(ms.stats) if ms is not None else {},
         }

@@ -150,6 +150,13 @@ def test_home_lost_with_tasks_queued_there_its_replica_runs_them(
             ids.append(r["id"])
     wait_for(lambda: status(a, long_id)["task"]["state"] == "running", 30, "the blocker")
     assert all(status(a, t)["task"]["state"] == "queued" for t in ids)
+    with a.client() as cl:  # `swarm info` counts the copies
+        assert cl.info()["copies"] == {"ours": 3, "held": 0, "strays": 0}
+    held = []
+    for x in (b, c):
+        with x.client() as cl:
+            held.append(cl.info()["copies"]["held"])
+    assert sum(held) == 3, held
     a.kill(signal.SIGKILL)  # lost for good, with the task it ran
     subprocess.run(["pkill", "-9", "-f", marker], check=False)
 
