@@ -208,10 +208,10 @@ class Replicas:
         the home was slow, and one its holder would adopt, and run again, if the home
         were lost): each gets the task's release, with how it ended (`strays`)."""
         out: list[ev.Instruction] = []
-        strays = frozenset(unanswered) - frozenset(nodes)
-        if strays:
-            self.strays[task_id] = self.strays.get(task_id, frozenset()) | strays
-            out.append(ev.Persist((ev.Put(STRAYS + task_id, sorted(self.strays[task_id])),)))
+        old = self.strays.get(task_id, frozenset())
+        strays = (old | frozenset(unanswered)) - frozenset(nodes)
+        if strays != old:
+            out += self._set_strays(task_id, strays)
         if not nodes:
             # none answered: the planned entry names nodes without copies (harmless,
             # see replicas_planned); drop it, no need to wait for that
@@ -223,6 +223,27 @@ class Replicas:
         if set(planned) == set(nodes):
             return out
         return [*out, ev.Persist((ev.Put(REPLICAS + task_id, list(nodes)),), durable=True)]
+
+    def stand_in_asked(self, task_id: m.TaskId, nodes: frozenset[m.NodeId]) -> list[ev.Instruction]:
+        """Before a stand-in is asked for a copy (the first nodes asked did not all
+        answer): it, and those that did not answer, are strays until `replicas_chosen`
+        says otherwise, written durably first, so that a home killed while it waits for
+        the answers still releases their copies once restarted (chaos late-binding: a
+        home killed 6 s into a copy round left an unreleased copy at a stand-in; the
+        first nodes asked are named by the task's own `repls:` entry already)."""
+        old = self.strays.get(task_id, frozenset())
+        if nodes <= old:
+            return []
+        return self._set_strays(task_id, old | nodes, durable=True)
+
+    def _set_strays(
+        self, task_id: m.TaskId, nodes: frozenset[m.NodeId], durable: bool = False
+    ) -> list[ev.Instruction]:
+        if nodes:
+            self.strays[task_id] = nodes
+            return [ev.Persist((ev.Put(STRAYS + task_id, sorted(nodes)),), durable=durable)]
+        self.strays.pop(task_id, None)
+        return [ev.Persist((ev.Delete(STRAYS + task_id),))]
 
     def hold_msg(self, spec: m.TaskSpec, replicas: tuple[m.NodeId, ...]) -> ReplicaMsg:
         return ReplicaMsg(HOLD, spec.id, self.node, None, replicas, spec)
@@ -258,12 +279,7 @@ class Replicas:
 
     def forget_strays(self, tid: m.TaskId, nodes: frozenset[m.NodeId]) -> list[ev.Instruction]:
         """Stop sending these nodes the release (they answered it, or are gone)."""
-        left = self.strays.get(tid, frozenset()) - nodes
-        if left:
-            self.strays[tid] = left
-            return [ev.Persist((ev.Put(STRAYS + tid, sorted(left)),))]
-        self.strays.pop(tid, None)
-        return [ev.Persist((ev.Delete(STRAYS + tid),))]
+        return self._set_strays(tid, self.strays.get(tid, frozenset()) - nodes)
 
     def replica_update(self, tid: m.TaskId) -> list[ev.Instruction]:
         """The messages owed to one task's replicas (also sent at once when the task
@@ -319,8 +335,7 @@ class Replicas:
         self.mine[tid] = nodes
         out: list[ev.Instruction] = []
         if replaced:
-            self.strays[tid] = self.strays.get(tid, frozenset()) | replaced
-            out.append(ev.Persist((ev.Put(STRAYS + tid, sorted(self.strays[tid])),)))
+            out += self._set_strays(tid, self.strays.get(tid, frozenset()) | replaced)
         return [*out, ev.Persist((ev.Put(REPLICAS + tid, list(nodes)),), durable=True)]
 
     # --------------------------------------------------------- replica side

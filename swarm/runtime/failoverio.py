@@ -201,6 +201,8 @@ class FailoverIO:
         for node in candidates[k:]:
             if len(chosen) >= k:
                 break
+            missing = frozenset(x for x in asked if x not in chosen) | {node}
+            await self.execute(self.state.stand_in_asked(spec.id, missing))
             await one(node)
         planned = msg.replicas if plan.ops else ()
         unanswered = tuple(x for x in asked if x not in chosen)

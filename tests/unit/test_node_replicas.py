@@ -473,3 +473,23 @@ def test_a_replaced_replica_is_sent_the_release_if_it_comes_back() -> None:
     assert h.try_start("t1", now=1.0) is None
     h.finish("t1", 0, now=2.0, wall=1002.0)
     assert sorted(i.dest for i in h.state.replica_updates()) == ["B", "C"]
+
+
+def test_stand_ins_are_journaled_as_strays_before_they_are_asked() -> None:
+    """Chaos late-binding: the home was killed 6 s into a copy round (the first node
+    paused, the stand-ins cut off), before it learnt who answered: a stand-in kept a
+    copy that no one released. Each stand-in is now written down (durably) before it is
+    asked, and dropped from the strays once it answered."""
+    h, _b, _c = _nodes("H", "B", "C")
+    h.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
+    [p] = h.state.stand_in_asked("t1", frozenset({"C", "B"}))  # C did not answer
+    assert isinstance(p, ev.Persist) and p.durable
+    h.run([p])
+    assert h.kv[STRAYS + "t1"] == ["B", "C"]
+    assert h.state.stand_in_asked("t1", frozenset({"B"})) == []  # known already
+    # a restart here: both are released once the task ended
+    assert restore_replicas(dict(h.kv)).strays == {"t1": frozenset({"B", "C"})}
+    # B answered: only C stays a stray
+    h.run(h.state.replicas_chosen("t1", ("B",), told=("C",), planned=("C",), unanswered=("C",)))
+    assert h.state.strays == {"t1": frozenset({"C"})} and h.kv[STRAYS + "t1"] == ["C"]
