@@ -134,15 +134,10 @@ class Failover:
         STRAY_GIVE_UP: one back later keeps its copy as it was (an answer that may be
         out of date, adopted only if the home is lost too)."""
         out: list[ev.Instruction] = []
-        # a node this view has never named, an hour after it first named a peer (the
-        # view after a restart may not list one long gone): as good as gone that long
-        unnamed_long = self.peer_since is not None and now - self.peer_since >= STRAY_GIVE_UP
+        # (one this view never named is taken as gone by _unheard, as for handoffs)
         for tid, nodes in list(self.strays.items()):
             gone = frozenset(
-                n
-                for n in nodes
-                if (self.succession.gone_for(n, now) or 0.0) >= STRAY_GIVE_UP
-                or (unnamed_long and n not in self.heard)
+                n for n in nodes if (self.succession.gone_for(n, now) or 0.0) >= STRAY_GIVE_UP
             )
             if gone:
                 out += self.forget_strays(tid, gone)
@@ -187,6 +182,7 @@ class Failover:
         hs = self.handoffs
         named = {ge.home for ge in hs.guest.entries.values()}
         named |= {c.home for c in self.held.values()}
+        named |= {n for nodes in self.strays.values() for n in nodes}  # owed a release
         for he in hs.home.entries.values():
             if he.phase in (h.HomePhase.REMOTE, h.HomePhase.OFFERING):
                 named |= {he.where, he.target}

@@ -441,8 +441,9 @@ def test_a_stray_copy_is_released_when_its_node_is_back_and_given_up_after_an_ho
 
 def test_a_stray_copy_at_a_node_the_view_never_names_is_given_up() -> None:
     """After a restart the view may not list a node long gone: a stray there is not
-    asked (nothing to ask), and is given up an hour after the view first named a peer."""
-    from swarm.node.failover import STRAY_GIVE_UP
+    asked (nothing to ask); the view takes it as gone once among peers for
+    UNHEARD_AFTER (as for handoffs), and it is given up an hour after that."""
+    from swarm.node.failover import STRAY_GIVE_UP, UNHEARD_AFTER
 
     h, _b, _c = _nodes("H", "B", "C")
     h.state.members_seen((("H", ALIVE), ("B", ALIVE)), 10.0)
@@ -452,9 +453,10 @@ def test_a_stray_copy_at_a_node_the_view_never_names_is_given_up() -> None:
     assert h.try_start("t1", now=11.0) is None
     h.finish("t1", 0, now=12.0, wall=1012.0)
     assert "Z" not in [i.dest for i in h.state.replica_updates()]
-    _tick(h, 10.0 + STRAY_GIVE_UP / 2)
+    _tick(h, 10.0 + UNHEARD_AFTER + 1)  # taken as gone (left) from now
+    _tick(h, 10.0 + UNHEARD_AFTER + 1 + STRAY_GIVE_UP / 2)
     assert h.state.strays == {"t1": frozenset({"Z"})}
-    _tick(h, 10.0 + STRAY_GIVE_UP + 1)
+    _tick(h, 10.0 + UNHEARD_AFTER + 2 + STRAY_GIVE_UP)
     assert h.state.strays == {}
 
 
