@@ -42,18 +42,24 @@ demo: $(STAMP)
 SLOW_TESTS = tests/integration/test_chaos_*.py tests/integration/test_elastic.py \
 	$(addprefix tests/integration/test_,$(addsuffix .py,single_agent executor executor_races \
 	outlive_agent systemd_files systemd_nspawn systemd_signals journal_sync net discovery))
+# A failure's own lines (its test, the assertion's "E" lines) printed again last: a
+# CI log shown by its head and tail keeps them (stop 45: a long traceback in the
+# middle lane was cut, and with it what failed).
+FAIL_LINES = '^(FAILED|ERROR) |^_{3,} .* _{3,}$$|^E  '
 # each lane names its slowest tests, so that whoever rebalances the lanes has figures
 DURATIONS = --durations=12 --durations-min=5
 test: $(STAMP) sysdeps
 	@$(BYTECODE)
-	@unit_log=$$(mktemp); slow_log=$$(mktemp); \
+	@unit_log=$$(mktemp); slow_log=$$(mktemp); rest_log=$$(mktemp); \
 	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) tests/unit tests/security >$$unit_log 2>&1 & unit=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) $(SLOW_TESTS) >$$slow_log 2>&1 & slow=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) --ignore=tests/unit --ignore=tests/security \
-		$(foreach t,$(wildcard $(SLOW_TESTS)),--ignore=$(t)); rest=$$?; \
+		$(foreach t,$(wildcard $(SLOW_TESTS)),--ignore=$(t)) 2>&1 | tee $$rest_log; rest=$${PIPESTATUS[0]}; \
 	wait $$slow; slows=$$?; wait $$unit; units=$$?; \
 	echo "--- chaos-harness, elastic, single-agent, executor and systemd tests (run alongside) ---"; cat $$slow_log; \
-	echo "--- tests/unit, tests/security (run alongside) ---"; cat $$unit_log; rm -f $$unit_log $$slow_log; \
+	echo "--- tests/unit, tests/security (run alongside) ---"; cat $$unit_log; \
+	grep -hE $(FAIL_LINES) $$rest_log $$slow_log $$unit_log | head -80 | \
+		sed '1i --- the failures again (each test, then its "E" lines) ---'; rm -f $$unit_log $$slow_log $$rest_log; \
 	test $$rest -eq 0 -a $$slows -eq 0 -a $$units -eq 0
 
 test-fast: $(STAMP)
