@@ -52,6 +52,8 @@ class Controller(Protocol):
     @property
     def view(self) -> asc.PoolView | None: ...
     @property
+    def view_at(self) -> float | None: ...
+    @property
     def state(self) -> asc.ScaleState: ...
     @property
     def heard_at(self) -> tuple[int, int]: ...
@@ -91,6 +93,9 @@ def pool_status(ctl: Controller, booting: int, now: float) -> dict[str, Any]:
         if d is None
         else {"action": d.action, "count": d.count, "desired": d.desired, "reason": d.reason},
         "view": None if v is None else attrs.asdict(v),
+        # how long ago the view (and the decision on it) was taken: what a reader
+        # polling the status needs to tell when the actor saw what it shows
+        "view_ago": None if ctl.view_at is None else max(0.0, now - ctl.view_at),
         "last_action": None
         if latest is None
         else {"action": latest.action, "count": latest.count, "ago": max(0.0, now - latest.at)},

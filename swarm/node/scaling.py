@@ -88,6 +88,7 @@ class PoolController:
         self.step: SeatStep | None = None
         self.decision: asc.ScaleDecision | None = None
         self.view: asc.PoolView | None = None
+        self.view_at: float | None = None  # when `view` was taken (this node's clock)
         self.launches: list[Launch] = []
         self.victims: dict[NodeId, Victim] = {}
         self.removed: dict[NodeId, float] = {}  # removed by a hook that succeeded, at
@@ -251,7 +252,7 @@ class PoolController:
         view = pool_view(
             self.spec, pool, draining=self.victims.keys(), booting=self._booting(now, pool)
         )
-        self.view = view
+        self.view, self.view_at = view, now
         self.state, dec = asc.decide(self.state, view, self.spec.scale, now, epoch=step.epoch)
         self.decision = dec
         if dec.action == "out":

@@ -177,9 +177,10 @@ class Fleet:
         """The nodes that say they act for the pool now, with their status."""
         out = {}
         for n in self.alive():
+            asked = time.time()
             st = self.scale_status(n)
             if st is not None and st["acting"]:
-                out[n] = st
+                out[n] = {**st, "asked": asked}  # (for when its view was taken)
         return out
 
     def sample(self) -> None:
@@ -343,11 +344,14 @@ def test_a_burst_grows_the_pool_to_max_it_shrinks_back_and_a_killed_actor_hands_
     submitted = time.time() - t_burst
     statuses: dict[str, dict[str, Any]] = {}  # the latest status of each node that acted
     cli_status: dict[str, Any] | None = None  # `swarm scale status --json` at the peak
-    t_high = 0.0  # the last poll at which the actor's view held demand for 5 nodes
+    # when the actor's newest view that held demand for 5 nodes was taken, at the
+    # earliest: the status was asked for at `asked` and answered later, and says how
+    # long before its answer the view was taken (`view_ago`); so no loaded machine's
+    # late tick can make it look newer than it was
+    t_high = 0.0
     deadline = time.monotonic() + 300
     while _active(fleet, home) > 0:
         assert time.monotonic() < deadline, "the burst did not finish in 300 s"
-        asked = time.time()
         acts = fleet.actors()
         statuses.update(acts)
         if len(acts) == 1:
@@ -355,7 +359,7 @@ def test_a_burst_grows_the_pool_to_max_it_shrinks_back_and_a_killed_actor_hands_
             v = st["view"]
             # 5 nodes of 2 slots: the recommendation is 5 while demand >= 5
             if v is not None and v["running"] + v["queued"] >= MAX:
-                t_high = asked
+                t_high = max(t_high, st["asked"] - st["view_ago"])
             at_max = len(fleet.alive()) == MAX and st["pending"] is None
             if cli_status is None and at_max and len(st["hooks"]) == len(fleet.calls()):
                 # the pool at its max: the actor's own account of its scale-outs
@@ -500,9 +504,12 @@ def test_a_burst_grows_the_pool_to_max_it_shrinks_back_and_a_killed_actor_hands_
     # at most max-step nodes at a time, never the actor itself, down to min and no lower
     assert ins and sum(int(k["env"]["SWARM_SCALE_COUNT"]) for k in ins) == MAX - MIN, ins
     assert low_before_kill == MIN, timeline
-    # (t_high is when we asked; the status shows the actor's last tick, at most a tick
-    # or so earlier on a loaded machine: 1 s of slack)
-    assert min(k["t0"] for k in ins) >= t_high - 1.0 + IN_WINDOW, (ins, t_high)
+    # (t_high is when that view was taken, at the earliest: 0.1 s of slack for the
+    # agent's monotonic clock against this wall clock. It was the time of the poll, with
+    # 1 s of slack for a late tick, until the CI run of stop 44 failed this test under
+    # make test's load; its assertion was cut from the log, and this margin, 0.2-0.5 s
+    # beyond the slack in 9 runs, was the narrowest)
+    assert min(k["t0"] for k in ins) >= t_high - 0.1 + IN_WINDOW, (ins, t_high)
     for k in ins:
         e = k["env"]
         removed = e["SWARM_SCALE_NODES"].split()

@@ -182,6 +182,7 @@ def test_the_seat_listens_one_ttl_then_claims_then_acts() -> None:
     c.run_for(TTL)  # listening: nothing said, nothing done
     assert not _actions(c.log) and not any(isinstance(x[2], Announce) for x in c.log)
     assert ctl.status(c.t)["seat"].startswith("owner; listening")
+    assert ctl.status(c.t)["view_ago"] is None  # no view taken yet
     outs = c.tick()  # t = ttl: claims and announces
     assert [type(i) for i in outs[me]] == [Announce]
     assert not ctl.step or not ctl.step.acting
@@ -225,6 +226,7 @@ def test_a_burst_scales_out_once_and_counts_booting_nodes_until_they_join() -> N
     st_ = ctl.status(c.t)
     assert st_["pending"]["running"] and st_["booting"] == 2
     assert st_["decision"]["action"] == "out"
+    assert st_["view_ago"] == c.t - acted_at  # the view the decision was taken on
 
     # the hook runs 2 s, then the out-cooldown passes: the 2 booting nodes cover the demand
     assert not _actions(c.run_for(2.0))
