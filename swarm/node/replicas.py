@@ -355,9 +355,13 @@ class Replicas:
                 # that timed out, delivered after all, even after the release it sent
                 # when the task ended over another connection)
                 return None, []
-            if self.records.get_cached(tid) is not None and tid not in self.held:
-                # we hold the task itself (we run it, or we are its home): no copy
+            own = self.records.get_cached(tid)
+            if own is not None and own.spec.home == self.node:
+                # we are its home now (adopted it): a late copy of its old home's is none
                 return None, []
+            # (a task we run for its home is copied all the same: before stop 45 it was
+            # not, when its handoff came first, and once it left here again, back to its
+            # home, the home named as its copy a node that had none)
             self.held[tid] = Held(msg.spec, sender, msg.runner, msg.replicas)
             self.counters["replicas_held"] = self.counters.get("replicas_held", 0) + 1
             return None, [self._persist_held(tid)]

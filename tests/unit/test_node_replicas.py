@@ -495,3 +495,45 @@ def test_stand_ins_are_journaled_as_strays_before_they_are_asked() -> None:
     # B answered: only C stays a stray
     h.run(h.state.replicas_chosen("t1", ("B",), told=("C",), planned=("C",), unanswered=("C",)))
     assert h.state.strays == {"t1": frozenset({"C"})} and h.kv[STRAYS + "t1"] == ["C"]
+
+
+def test_a_copy_asked_of_the_node_that_runs_the_task_is_kept_there() -> None:
+    """A hold that reaches the replica after the task's handoff to it: before stop 45
+    the node, holding the task itself, kept no copy, yet acknowledged, and its home
+    named it as the copy. Once the task left that node (moved back home, or on to
+    another), the home was the only node that held it; its loss lost the task."""
+    h, b, c = _nodes("H", "B", "C")
+    net = FakeNet(h, b, c)
+    for n in (h, b, c):
+        n.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    spec = h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
+    _, order = h.state.choose_replicas("t1", ["H", "B", "C"])
+    nodes = {"B": b, "C": c}
+    r = nodes[order[0]]
+    h.run(h.state.offer("t1", r.name, 0.0, 0.0)[1])
+    net.settle()
+    assert r.state.records.get_cached("t1") is not None  # it runs the task for H
+    why, instrs = r.state.on_replica("H", h.state.hold_msg(spec, (r.name,)))
+    assert why is None
+    r.run(instrs)
+    assert r.state.held["t1"].home == "H" and r.kv[REPLICA + "t1"]["home"] == "H"
+    # its run there ends: the release tells that copy how (an answer, never adopted)
+    r.try_start("t1")
+    r.finish("t1", 0)
+    h.run(h.state.replicas_chosen("t1", (r.name,)))
+    net.settle()
+    _deliver(h, {"B": b, "C": c})
+    assert r.state.held["t1"].final is not None
+
+
+def test_a_late_copy_of_a_task_this_node_adopted_is_not_kept() -> None:
+    """The other case the old rule covered: a node that took a task over (its home
+    now) gets a copy of it from the old home, late: it keeps none."""
+    h, b, c, _, spec, r = _submitted()
+    rep = {"B": b, "C": c}[r]
+    rep.state.members_seen((("H", DEAD),), 10.0)
+    _tick(rep, 20.0)
+    assert rep.state.records.active["t1"].spec.home == rep.name  # adopted
+    assert "t1" not in rep.state.held
+    why, instrs = rep.state.on_replica("H", h.state.hold_msg(spec, (rep.name,)))
+    assert why is None and instrs == [] and "t1" not in rep.state.held
