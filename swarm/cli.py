@@ -656,7 +656,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
         d = p["decision"]
         if d is not None:
             act = d["action"] + (f" {d['count']}" if d["count"] else "")
-            print(f"  decision: {act} -> {d['desired']}: {d['reason']}")
+            seen = p.get("view_ago")  # (an agent before stop 45 does not say)
+            when = "" if seen is None else f" (view taken {_ago(seen)})"
+            print(f"  decision{when}: {act} -> {d['desired']}: {d['reason']}")
         last = p["last_action"]
         if last is not None:
             print(f"  last action: {last['action']} {last['count']} ({_ago(last['ago'])})")

@@ -430,6 +430,7 @@ def test_a_burst_grows_the_pool_to_max_it_shrinks_back_and_a_killed_actor_hands_
     n_calls = len(fleet.calls())
     human = _cli(fleet, new_actor, "scale", "status")
     assert human.returncode == 0, human.stderr
+    assert "  decision (view taken " in human.stdout, human.stdout  # the actor's decision
     final = {n: fleet.scale_status(n) for n in fleet.alive()}
     fleet.stop_sampling.set()
     calls = fleet.calls()
