@@ -91,7 +91,8 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 import attrs
 
@@ -346,6 +347,11 @@ class Succession:
     def held(self) -> dict[TaskId, Record]:
         return dict(self._held)
 
+    def records(self) -> Mapping[TaskId, Record]:
+        """The records held, read-only and not copied (the failover tick compares
+        thousands of them each second)."""
+        return MappingProxyType(self._held)
+
     def is_authority(self, task_id: TaskId) -> bool:
         rec = self._held.get(task_id)
         return rec is not None and rec.home == self.me
@@ -383,11 +389,24 @@ class Succession:
         """The adoptions due now, the new replicas of our tasks, then the notices owed."""
         out: list[Adopt | Rereplicate | Notice] = []
         if self.gone_for(self.me, now) is None:
-            for task_id in sorted(self._held):
-                adopt = self._consider(task_id, self._held[task_id], now)
-                if adopt is not None:
-                    out.append(adopt)
-            for task_id in sorted(self._copies):
+            # Only a record naming a node gone for a grace, or with fewer replicas than
+            # wanted, can call for anything: the others are passed over with a set
+            # lookup (a home with 10,000 tasks out spent ~25 ms a tick here, stop 45)
+            gone = frozenset(n for n in self._members if self._gone_long(n, now))
+            held = self._held
+            if gone:
+                for task_id in sorted(t for t, r in held.items() if r.home in gone):
+                    adopt = self._consider(task_id, held[task_id], now)
+                    if adopt is not None:
+                        out.append(adopt)
+            me = self.me
+            short = [
+                t
+                for t, want in self._copies.items()
+                if (r := held.get(t)) is not None
+                and (len(r.replicas) < want or me in r.replicas or not gone.isdisjoint(r.replicas))
+            ]
+            for task_id in sorted(short):
                 again = self._rereplicate(task_id, now)
                 if again is not None:
                     out.append(again)

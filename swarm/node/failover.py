@@ -183,9 +183,9 @@ class Failover:
         named = {ge.home for ge in hs.guest.entries.values()}
         named |= {c.home for c in self.held.values()}
         named |= {n for nodes in self.strays.values() for n in nodes}  # owed a release
-        for he in hs.home.entries.values():
-            if he.phase in (h.HomePhase.REMOTE, h.HomePhase.OFFERING):
-                named |= {he.where, he.target}
+        out_there = (h.HomePhase.REMOTE, h.HomePhase.OFFERING)
+        named.update(he.where for he in hs.home.entries.values() if he.phase in out_there)
+        named.update(he.target for he in hs.home.entries.values() if he.phase in out_there)
         out: list[ev.Instruction] = []
         for node in sorted(named - self.heard - {self.node, ""}):
             self.heard.add(node)
@@ -216,16 +216,18 @@ class Failover:
                 want[tid] = (me, self.adopted[tid][1], at, copies)
             elif he.phase is not h.HomePhase.DONE and (copies or he.where not in ("", me)):
                 want[tid] = (me, 1, he.where if he.where not in ("", me) else None, copies)
+        have = succ.records()
         for tid, (home, epoch, runner, copies) in want.items():
-            rec = succ.record(tid)
-            if rec is None or (rec.home, rec.epoch, rec.runner, rec.replicas) != (
-                home,
-                epoch,
-                runner,
-                copies,
+            rec = have.get(tid)
+            if (
+                rec is None
+                or rec.home != home
+                or rec.epoch != epoch
+                or rec.runner != runner
+                or rec.replicas != copies
             ):
                 succ.hold(tid, home, epoch, runner, copies)
-        for tid in [t for t in succ.held() if t not in want]:
+        for tid in have.keys() - want.keys():
             succ.release(tid)
 
     def _adopt(self, d: Adopt, now: float, wall: float) -> list[ev.Instruction]:
