@@ -22,6 +22,9 @@ class TaskRecords:
         self.finished: OrderedDict[m.TaskId, m.Task] = OrderedDict()
         self.counts: dict[str, int] = {}  # transitions by destination state
         self.recent_finished = recent_finished
+        # tasks whose record changed (stored, finished, forgotten, evicted) since the
+        # failover tick last looked: what may owe their copies news (replicas.py)
+        self.touched: set[m.TaskId] = set()
 
     def get_cached(self, task_id: m.TaskId) -> m.Task | None:
         return self.active.get(task_id) or self.finished.get(task_id)
@@ -37,15 +40,17 @@ class TaskRecords:
         return new
 
     def store(self, task: m.Task) -> None:
+        self.touched.add(task.id)
         if task.state.terminal:
             self.active.pop(task.id, None)
             self.finished[task.id] = task
             self.finished.move_to_end(task.id)
             while len(self.finished) > self.recent_finished:
-                self.finished.popitem(last=False)
+                self.touched.add(self.finished.popitem(last=False)[0])
         else:
             self.active[task.id] = task
 
     def forget(self, task_id: m.TaskId) -> None:
+        self.touched.add(task_id)
         self.active.pop(task_id, None)
         self.finished.pop(task_id, None)

@@ -53,6 +53,7 @@ FINAL_STATES = frozenset(s.value for s in m.TERMINAL_STATES)
 FINISHED_COPY_KEEP = 7 * 86400.0  # seconds a finished copy is kept (keep-finished's default)
 ENDED_UNHELD_KEEP = 600.0  # seconds a release for a copy not held here refuses late copies
 ENDED_UNHELD_MAX = 65536  # ... and how many such releases are remembered at most
+COPIES_SWEEP_EVERY = 60  # failover ticks between looks at every task's copies
 
 
 @attrs.frozen
@@ -158,6 +159,8 @@ class Replicas:
     replicas_wanted: int | None  # the configured copies (None: by cluster size)
     mine: dict[m.TaskId, tuple[m.NodeId, ...]]  # our tasks -> the nodes holding copies
     sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]]  # acknowledged
+    copies_owed: set[m.TaskId]  # tasks sent a message at the last tick, or chosen since
+    copies_ticks: int  # failover ticks so far (every COPIES_SWEEP_EVERY looks at all)
     # our tasks -> nodes asked for a copy that gave no answer, so may hold one (a lost
     # answer, not a lost request): each is sent the release once the task ended
     strays: dict[m.TaskId, frozenset[m.NodeId]]
@@ -217,6 +220,7 @@ class Replicas:
             # see replicas_planned); drop it, no need to wait for that
             return [*out, ev.Persist((ev.Delete(REPLICAS + task_id),))] if planned else out
         self.mine[task_id] = nodes
+        self.copies_owed.add(task_id)
         same = set(told or nodes) == set(nodes)
         for n in nodes:
             self.sent[(task_id, n)] = (RUNNER, None) if same else ("stale", None)
@@ -257,11 +261,33 @@ class Replicas:
             return (RUNNER, he.where)
         return (RUNNER, None)
 
+    def copies_to_look_at(self, sweep: bool | None = None) -> set[m.TaskId]:
+        """The tasks whose copies the next tick looks at: those that were sent a
+        message not yet answered, or whose record changed since (the only input of
+        what a copy is owed besides our own sends and answers: `_wanted_state` reads
+        the record and the home's handoff entry, whose changes come with the
+        record's), with strays; at the first tick and every COPIES_SWEEP_EVERY, all
+        (a home with 10,000 tasks out spent ~15 ms a tick looking at each, stop 45)."""
+        if sweep is None:
+            sweep = self.copies_ticks % COPIES_SWEEP_EVERY == 0
+        if sweep:
+            return self.mine.keys() | self.strays.keys()
+        touched = {t for t in self.records.touched if t in self.mine}
+        return self.copies_owed | touched | self.strays.keys()
+
     def replica_updates(self) -> list[ev.Instruction]:
         """Messages owed to our tasks' replicas (retried each tick until answered)."""
+        look = self.copies_to_look_at()
+        self.copies_ticks += 1
+        self.records.touched.clear()
         out: list[ev.Instruction] = []
-        for tid in sorted(self.mine.keys() | self.strays.keys()):
-            out += self.replica_update(tid)
+        owed: set[m.TaskId] = set()
+        for tid in sorted(look):
+            msgs = self.replica_update(tid)
+            if msgs:
+                owed.add(tid)
+                out += msgs
+        self.copies_owed = owed
         return out
 
     def _stray_releases(self, tid: m.TaskId) -> list[ev.Instruction]:
@@ -333,6 +359,7 @@ class Replicas:
         for n in replaced:
             self.sent.pop((tid, n), None)
         self.mine[tid] = nodes
+        self.copies_owed.add(tid)
         out: list[ev.Instruction] = []
         if replaced:
             out += self._set_strays(tid, self.strays.get(tid, frozenset()) | replaced)

@@ -129,6 +129,8 @@ class NodeState(
         self.mine: dict[m.TaskId, tuple[m.NodeId, ...]] = {}  # replicas.py
         self.sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]] = {}
         self.strays: dict[m.TaskId, frozenset[m.NodeId]] = {}  # replicas.py
+        self.copies_owed: set[m.TaskId] = set()  # replicas.py: to look at next tick
+        self.copies_ticks = 0  # replicas.py: failover ticks, for the periodic sweep
         self.ended_unheld: dict[m.TaskId, float] = {}  # replicas.py
         self.held: dict[m.TaskId, Held] = {}
         self.heard: set[m.NodeId] = set()

@@ -238,6 +238,17 @@ class Copies(RuleBasedStateMachine):
                 out.add(node.name)  # a copy not released
         return out
 
+    @invariant()
+    def no_copy_news_overlooked(self) -> None:
+        """The failover tick looks only at the tasks that may owe their copies a
+        message (replicas.py `copies_to_look_at`), not at every task: none that owes
+        one is left out, between its sweeps of them all."""
+        for node in self._live():
+            st = node.state
+            look = st.copies_to_look_at(sweep=False)
+            for tid in sorted(st.mine.keys() | st.strays.keys()):
+                assert not st.replica_update(tid) or tid in look, (node.name, tid)
+
     def ended(self, tid: m.TaskId) -> bool:
         return any(tid in n.finals for n in self.nodes.values())
 
@@ -292,6 +303,7 @@ def test_long_random_walks_keep_every_acknowledged_task() -> None:
         for _ in range(150):
             _step(mch, rng)
             mch.acknowledged_tasks_survive_one_loss()
+            mch.no_copy_news_overlooked()
         mch.teardown()  # quiesces, then checks the ends reached every copy
         for k in seen:
             seen[k] += mch.seen[k]
