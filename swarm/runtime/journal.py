@@ -69,6 +69,7 @@ import trio
 from .. import model as m
 from .. import wire
 from ..logs import NULL_LOG, EventLog
+from ..node.recovery import REPLICAS, STRAYS
 from .clock import Clock
 from .journaldb import (
     FILE_MODE,
@@ -233,7 +234,13 @@ class Journal:
         }
         active.sort(key=lambda t: (t.created_at, t.id))
         owed: list[m.Task] = []
-        guests = [k[len("guest:") :] for k in kv if k.startswith("guest:")]
+        # finished tasks the state machine must still know, with how they ended: those
+        # with a guest entry (their result not yet acknowledged by their home), and our
+        # own whose copies or stray copies are still owed their release (it carries how
+        # the task ended: chaos late-binding at stop 45, a release sent after a restart
+        # without it reached a stray before its copy, which then stayed `queued`)
+        owe = {k.split(":", 1)[1] for k in kv if k.startswith(("guest:", REPLICAS, STRAYS))}
+        guests = sorted(owe)
         for i in range(0, len(guests), 500):
             chunk = guests[i : i + 500]
             marks = ",".join("?" * len(chunk))

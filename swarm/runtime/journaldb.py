@@ -334,7 +334,9 @@ class Recovered:
     shims: dict[m.TaskId, tuple[int, str]] = attrs.field(factory=dict)
     # finished tasks that still have a guest entry (their result not yet acknowledged
     # by their home): the state machine must know they ended, e.g. to adopt the result
-    # rather than run the task again when that home turns out to be gone
+    # rather than run the task again when that home turns out to be gone; and our own
+    # whose copies (`repls:`) or stray copies (`strays:`) are owed the release, which
+    # says how the task ended
     owed: list[m.Task] = attrs.field(factory=list)
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from swarm import model as m
 from swarm import wire
+from swarm.node.replicas import RELEASE
+from swarm.node.state import NodeState
+from swarm.policy.shares import ShareLedger
 from swarm.runtime import journal as jr
 from swarm.runtime import journaldb
 
@@ -55,3 +58,41 @@ def test_recover_returns_finished_records_that_still_have_a_guest_entry() -> Non
         finally:
             raw.close()
             j.close()
+
+
+def _finished(tid: str, home: str = "n3") -> m.Task:
+    spec = m.TaskSpec(id=tid, argv=("x",), home=home)
+    run = m.transition(m.new_task(spec, 1.0, home), S.RUNNING, 2.0, "started")
+    return m.transition(run, S.SUCCEEDED, 3.0, "exited 0", exit_code=0)
+
+
+def test_recover_returns_our_finished_tasks_whose_copies_are_owed_their_release() -> None:
+    """Chaos late-binding (seed 1024, stop 45): a home restarted after its task ended
+    sent the release to a stray copy without how the task ended (its finished record
+    was not in memory); it reached the stray before the copy itself, which then
+    stayed `queued` there. A task named by `repls:` or `strays:` comes back, and the
+    release it is owed after the restart says how it ended."""
+
+    with tempfile.TemporaryDirectory(prefix="sw-owed-") as d:
+        path = Path(d) / "journal.db"
+        j = jr.Journal(path)
+        raw = sqlite3.connect(path, isolation_level=None)
+        try:
+            for tid in ("t1", "t2", "t3"):
+                _row(raw, _finished(tid))
+            put = "INSERT INTO kv(key, value) VALUES (?, ?)"
+            raw.execute(put, ("strays:t1", wire.pack(["n1"])))
+            raw.execute(put, ("repls:t2", wire.pack(["n2"])))
+            rec = j.recover()  # t3: nothing owed, stays in the journal only
+            assert sorted(t.id for t in rec.owed) == ["t1", "t2"]
+        finally:
+            raw.close()
+            j.close()
+    st = NodeState("n3", ledger=ShareLedger(1024))
+    for t in rec.owed:
+        st.records.store(t)
+    st.strays = {"t1": frozenset({"n1"})}
+    st.succession.on_member("n1", m.MemberState.ALIVE, 0.0)
+    (send,) = st.replica_update("t1")
+    assert send.dest == "n1" and send.msg.kind == RELEASE
+    assert send.msg.final is not None and send.msg.final.state == "succeeded"
