@@ -85,7 +85,7 @@ lint: $(STAMP)
 # Benchmarks print figures and write bench/results/*.json (docs/benchmarks.md has the
 # latest figures). `make bench` runs them all except the 5,000-node gossip run (~30 min);
 # `make bench-gossip` runs gossip at n = 100, 1,000 and 5,000 (~60 min, 2 GB RAM).
-BENCHES := submit placement remote_cost start_floor idle sim migration policy crypto transport gpu_check failover
+BENCHES := submit placement remote_cost start_floor idle sim migration policy crypto transport gpu_check failover failover_tick
 
 bench: $(STAMP)
 	@$(BYTECODE)
