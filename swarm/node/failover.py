@@ -184,8 +184,12 @@ class Failover:
         named |= {c.home for c in self.held.values()}
         named |= {n for nodes in self.strays.values() for n in nodes}  # owed a release
         out_there = (h.HomePhase.REMOTE, h.HomePhase.OFFERING)
-        named.update(he.where for he in hs.home.entries.values() if he.phase in out_there)
-        named.update(he.target for he in hs.home.entries.values() if he.phase in out_there)
+        named.update(
+            n
+            for he in hs.home.entries.values()
+            if he.phase in out_there
+            for n in (he.where, he.target)
+        )
         out: list[ev.Instruction] = []
         for node in sorted(named - self.heard - {self.node, ""}):
             self.heard.add(node)

@@ -239,10 +239,9 @@ class Journal:
         # own whose copies or stray copies are still owed their release (it carries how
         # the task ended: chaos late-binding at stop 45, a release sent after a restart
         # without it reached a stray before its copy, which then stayed `queued`)
-        owe = {k.split(":", 1)[1] for k in kv if k.startswith(("guest:", REPLICAS, STRAYS))}
-        guests = sorted(owe)
-        for i in range(0, len(guests), 500):
-            chunk = guests[i : i + 500]
+        ids = sorted({k.split(":", 1)[1] for k in kv if k.startswith(("guest:", REPLICAS, STRAYS))})
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
             marks = ",".join("?" * len(chunk))
             for (blob,) in self._rconn.execute(
                 f"SELECT record FROM tasks WHERE terminal=1 AND id IN ({marks})", chunk

@@ -62,7 +62,7 @@ def recover(
         journal.enqueue([DelProc(tid)])
     ops.restore(rec.kv)
     table.load(rec.active)
-    for t in rec.owed:  # ended here, its result not yet acknowledged by its home
+    for t in rec.owed:  # ended, and still owed to its home or to its copies
         table.records.store(t)
     coord.restore(rec.kv)
     migrator.restore(rec.kv)

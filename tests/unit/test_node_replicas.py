@@ -51,12 +51,17 @@ def _deliver(src: FakeNode, nodes: dict[str, FakeNode]) -> int:
     return sent
 
 
-def _submitted() -> tuple[FakeNode, FakeNode, FakeNode, FakeNet, m.TaskSpec, str]:
-    """A task submitted at H (queued there), its copy at the replica R chosen."""
+def _cluster() -> tuple[FakeNode, FakeNode, FakeNode, FakeNet]:
+    """H, B and C, each seeing the three alive."""
     h, b, c = _nodes("H", "B", "C")
-    net = FakeNet(h, b, c)
     for n in (h, b, c):
         n.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    return h, b, c, FakeNet(h, b, c)
+
+
+def _submitted() -> tuple[FakeNode, FakeNode, FakeNode, FakeNet, m.TaskSpec, str]:
+    """A task submitted at H (queued there), its copy at the replica R chosen."""
+    h, b, c, net = _cluster()
     spec = h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
     k, order = h.state.choose_replicas("t1", ["H", "B", "C"])
     assert k == 1 and len(order) == 2 and "H" not in order
@@ -502,10 +507,7 @@ def test_a_copy_asked_of_the_node_that_runs_the_task_is_kept_there() -> None:
     the node, holding the task itself, kept no copy, yet acknowledged, and its home
     named it as the copy. Once the task left that node (moved back home, or on to
     another), the home was the only node that held it; its loss lost the task."""
-    h, b, c = _nodes("H", "B", "C")
-    net = FakeNet(h, b, c)
-    for n in (h, b, c):
-        n.state.members_seen(tuple((x, ALIVE) for x in ("H", "B", "C")), 0.0)
+    h, b, c, net = _cluster()
     spec = h.submit(m.TaskSpec(id="t1", argv=("sleep", "1")))
     _, order = h.state.choose_replicas("t1", ["H", "B", "C"])
     nodes = {"B": b, "C": c}
