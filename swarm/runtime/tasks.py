@@ -42,6 +42,10 @@ class TaskTable:
         self.log = log
         self.records = records if records is not None else TaskRecords()
         self._changed: dict[m.TaskId, trio.Event] = {}
+        # ends applied in memory whose write is not on disk yet (change_durably): a
+        # wait does not answer from them, so what it reports survives a crash and the
+        # runner's steps after the write (its status directory) are done
+        self._writing: set[m.TaskId] = set()
 
     @property
     def active(self) -> dict[m.TaskId, m.Task]:
@@ -117,8 +121,12 @@ class TaskTable:
     ) -> m.Task:
         """Apply a transition and wait until it is on disk before waking waiters."""
         new = self._apply(task_id, dst, cause, **kw)
-        await self.journal.commit([PutTask(new)], must_land=True)
-        self._wake(task_id)
+        self._writing.add(task_id)
+        try:
+            await self.journal.commit([PutTask(new)], must_land=True)
+        finally:  # a failed write wakes its waiters too: they answer from memory
+            self._writing.discard(task_id)
+            self._wake(task_id)
         return new
 
     def replace(self, task: m.Task) -> None:
@@ -177,8 +185,10 @@ class TaskTable:
         await ev.wait()
 
     async def wait_terminal(self, task_id: m.TaskId) -> m.Task:
+        """The task's record once it has ended; an end the runner is writing is
+        answered once it is on disk (change_durably)."""
         while True:
             t = await self.get(task_id)
-            if t.state.terminal:
+            if t.state.terminal and task_id not in self._writing:
                 return t
             await self.wait_change(task_id)

@@ -10,6 +10,7 @@ from pathlib import Path
 import trio
 
 from swarm import model as m
+from swarm.runtime import shim
 from swarm.runtime.executor import Executor, ProcessPlan
 from swarm.runtime.journal import Journal
 from swarm.runtime.runner import LocalRunner
@@ -75,3 +76,55 @@ async def test_a_failing_plan_hook_fails_the_task_not_the_caller(tmp_path: Path)
     assert "hook bug" in bad.history[-1].cause
     assert good.state is m.TaskState.SUCCEEDED
     assert not runner.running and not runner.executor.running
+
+
+async def test_a_wait_answers_once_the_end_is_on_disk_and_its_directory_given_back(
+    tmp_path: Path,
+) -> None:
+    """A wait that comes while the end is being written answers after the write, not
+    from the record in memory: what it reports survives a crash, and the runner's steps
+    after the write (the status directory back in the pool, emptied) are done (the CI
+    failure of test_outlive_agent at e86f5ad)."""
+    table, runner = _runner(tmp_path)
+    runner.executor.shim = shim.build(tmp_path / "bin")  # a supervised start, as agents'
+    journal = table.journal
+    hold = trio.Event()
+    real_commit = journal.commit
+
+    async def slow_commit(ops, **kw):  # type: ignore[no-untyped-def]
+        ops = list(ops)
+        if any(getattr(op, "task", None) is not None and op.task.state.terminal for op in ops):
+            await hold.wait()
+        await real_commit(ops, **kw)
+
+    journal.commit = slow_commit  # type: ignore[method-assign]
+    answered: list[m.Task] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await nursery.start(runner.run)
+        await table.add(m.new_task(_spec("t1", "true"), time.time(), "n1"))
+        runner.enqueue("t1")
+        with trio.fail_after(10):
+            while (t := table.get_cached("t1")) is None or not t.state.terminal:
+                await trio.sleep(0.01)  # applied in memory; its write is held
+
+        async def wait() -> None:
+            answered.append(await table.wait_terminal("t1"))
+
+        nursery.start_soon(wait)
+        await trio.sleep(0.2)
+        # asserted after the write: the runner's end waits for it, shielded
+        early = list(answered)
+        hold.set()
+        with trio.fail_after(10):
+            while not answered:
+                await trio.sleep(0.01)
+        # what was there when the wait answered
+        back = [(d, list(d.iterdir())) for d in runner.status_dirs.free]
+        with trio.fail_after(10):
+            while runner.running:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert early == []  # not answered from memory while the write was held
+    assert answered[0].state is m.TaskState.SUCCEEDED
+    assert len(back) == 1 and back[0][1] == []  # the directory back, emptied
