@@ -373,6 +373,11 @@ class Succession:
             n for n, m in self._members.items() if m.state is MemberState.ALIVE and n != self.me
         )
 
+    def member_state(self, node: NodeId) -> MemberState | None:
+        """`node`'s state in this view (None: never heard of)."""
+        m = self._members.get(node)
+        return None if m is None else m.state
+
     def is_alive(self, node: NodeId) -> bool:
         """Is `node` alive in this view (not suspect, not gone, not unknown)?"""
         m = self._members.get(node)

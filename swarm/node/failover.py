@@ -93,6 +93,8 @@ class Failover:
         ) -> list[ev.Instruction]: ...
         def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]: ...
         def prune_finished_copies(self, wall: float) -> list[ev.Instruction]: ...
+        def member_changing(self, node: m.NodeId, state: m.MemberState) -> None: ...
+        def copy_asks(self) -> list[ev.Instruction]: ...
         def explain(self, tid: m.TaskId, rec: dict[str, Any], wall: float) -> ev.Explain: ...
 
     # ------------------------------------------------------------- inputs
@@ -101,6 +103,7 @@ class Failover:
         """Member states in this node's view (changes, or a whole snapshot: a member
         first heard of as dead, after a restart, comes with no event)."""
         for node, state in states:
+            self.member_changing(node, state)  # copyasks.py: a home back?
             self.succession.on_member(node, state, now)
             self.heard.add(node)
             if node != self.node and state is m.MemberState.ALIVE and self.peer_since is None:
@@ -120,6 +123,7 @@ class Failover:
                 owed.setdefault(d.to, []).append(d)
         out += self._forget_gone_strays(now)
         out += self.replica_updates()
+        out += self.copy_asks()
         if now >= self.prune_at:
             self.prune_at = now + 60.0
             out += self.prune_finished_copies(wall)
@@ -131,8 +135,7 @@ class Failover:
     def _forget_gone_strays(self, now: float) -> list[ev.Instruction]:
         """Nodes that may hold a stray copy (replicas.py `strays`) are sent its release
         only while they are live in this view, and given up once gone for
-        STRAY_GIVE_UP: one back later keeps its copy as it was (an answer that may be
-        out of date, adopted only if the home is lost too)."""
+        STRAY_GIVE_UP: one back later asks (copyasks.py) when it sees us alive again."""
         out: list[ev.Instruction] = []
         # (one this view never named is taken as gone by _unheard, as for handoffs)
         for tid, nodes in list(self.strays.items()):

@@ -31,7 +31,7 @@ ended just before its home died may be run again by its replica for the same rea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -47,6 +47,7 @@ from .recovery import REPLICA, REPLICAS, STRAYS, Handoffs
 RELEASE = "release"
 HOLD = "hold"
 RUNNER = "runner"
+ASK = "ask"  # holder -> home: what became of it? (copyasks.py)
 
 
 FINAL_STATES = frozenset(s.value for s in m.TERMINAL_STATES)
@@ -93,9 +94,10 @@ class Final:
 
 @attrs.frozen
 class ReplicaMsg:
-    """Home -> replica: hold a copy (with the spec), where it runs now, or release."""
+    """Home -> replica: hold a copy (with the spec), where it runs now, or release;
+    replica -> home: ask (copyasks.py)."""
 
-    kind: str  # hold | runner | release
+    kind: str  # hold | runner | release | ask
     task_id: m.TaskId
     home: m.NodeId
     runner: m.NodeId | None = None
@@ -132,8 +134,10 @@ def replica_msg_from_wire(obj: Any) -> ReplicaMsg:
     """A peer's replica message (wire.SchemaError naming the field if malformed)."""
     f = wire.Fields(obj, "replica")
     kind = f.str("kind", required=True, max_len=16)
-    if kind not in (HOLD, RUNNER, RELEASE):
-        raise wire.SchemaError(f"replica: field 'kind' must be hold, runner or release: {kind!r}")
+    if kind not in (HOLD, RUNNER, RELEASE, ASK):
+        raise wire.SchemaError(
+            f"replica: field 'kind' must be hold, runner, release or ask: {kind!r}"
+        )
     tid = f.task_id("id", required=True)
     home = f.str("home", required=True, max_len=MAX_ID_LEN)
     runner = f.str("runner", None, max_len=MAX_ID_LEN)
@@ -145,6 +149,8 @@ def replica_msg_from_wire(obj: Any) -> ReplicaMsg:
         raise wire.SchemaError("replica: field 'home' or 'replicas': an empty or long node id")
     if kind == HOLD and (spec is None or spec.id != tid or spec.home != home):
         raise wire.SchemaError("replica: field 'spec' must be the task's, naming its home")
+    if kind == ASK and spec is not None:
+        raise wire.SchemaError("replica: field 'spec' does not come with an ask")
     if final is not None and kind != RELEASE:
         raise wire.SchemaError("replica: field 'final' comes with a release only")
     return ReplicaMsg(kind, tid, home, runner or None, tuple(replicas), spec, final)
@@ -170,6 +176,13 @@ class Replicas:
     ended_unheld: dict[m.TaskId, float]
     held: dict[m.TaskId, Held]  # copies of other homes' tasks
     counters: dict[str, int]
+
+    if TYPE_CHECKING:  # copyasks.py
+
+        def on_ask(
+            self, sender: m.NodeId, msg: ReplicaMsg
+        ) -> tuple[str | None, list[ev.Instruction]]: ...
+        def ask_answered(self, msg: ReplicaMsg) -> list[ev.Instruction]: ...
 
     # ------------------------------------------------------------ home side
 
@@ -334,6 +347,8 @@ class Replicas:
 
     def replica_acked(self, dest: m.NodeId, msg: ReplicaMsg) -> list[ev.Instruction]:
         tid = msg.task_id
+        if msg.kind == ASK:
+            return self.ask_answered(msg)
         out: list[ev.Instruction] = []
         if msg.kind == RELEASE and dest in self.strays.get(tid, ()):
             out += self.forget_strays(tid, frozenset((dest,)))
@@ -372,6 +387,8 @@ class Replicas:
     ) -> tuple[str | None, list[ev.Instruction]]:
         """A home's message about its task: (why refused, or None; what to do)."""
         tid = msg.task_id
+        if msg.kind == ASK:
+            return self.on_ask(sender, msg)
         if msg.home != sender:
             return f"replica of {tid}: sent by {sender}, not by its home {msg.home}", []
         cur = self.held.get(tid)

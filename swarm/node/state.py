@@ -39,6 +39,7 @@ from . import events as ev
 from . import gate
 from .arrays import Arrays
 from .backups import Backups
+from .copyasks import CopyAsks
 from .depends import Depends
 from .failover import Failover
 from .fencing import FENCE_TTL, FENCED, Fencing, RunnerLease
@@ -96,6 +97,7 @@ class NodeState(
     Backups,
     Depends,
     Replicas,
+    CopyAsks,
     LoadState,
     Placing,
     Timers,
@@ -133,6 +135,8 @@ class NodeState(
         self.copies_ticks = 0  # replicas.py: failover ticks, for the periodic sweep
         self.ended_unheld: dict[m.TaskId, float] = {}  # replicas.py
         self.held: dict[m.TaskId, Held] = {}
+        self.copies_to_ask: dict[m.TaskId, int] = {}  # copyasks.py
+        self.homes_back: set[m.NodeId] = set()  # copyasks.py
         self.heard: set[m.NodeId] = set()
         self.fence_ttl = settings.fence_ttl
         self.init_gangs(settings.gang_timers)

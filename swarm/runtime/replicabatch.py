@@ -37,7 +37,7 @@ import trio
 from .. import model as m
 from .. import wire
 from ..node import events as ev
-from ..node.replicas import HOLD, ReplicaMsg, replica_msg_from_wire, replica_msg_to_wire
+from ..node.replicas import ASK, HOLD, ReplicaMsg, replica_msg_from_wire, replica_msg_to_wire
 from .net import TransportError
 from .peerqueue import PeerQueues, too_big
 from .peers import RemoteError
@@ -97,11 +97,14 @@ class ReplicaOutbox:
         # wait behind a batch of runner and release news about earlier tasks (that
         # doubled the added latency of a copy: ~10 ms per submission, one client)
         self.holds = PeerQueues[_Waiting](driver._spawn, self._answer, MAX_BATCH)
+        # a holder's asks (node/copyasks.py) travel apart too: an agent before them
+        # refuses the kind, and with it the whole batch, which must not hold other news
+        self.asks = PeerQueues[_Waiting](driver._spawn, self._answer, MAX_BATCH)
 
     async def send(self, dest: m.NodeId, msg: ReplicaMsg) -> bool:
         """Deliver `msg` with whatever else is going to `dest`; True once it said yes."""
         w = _Waiting(msg)
-        (self.holds if msg.kind == HOLD else self.q).put(dest, w)
+        (self.holds if msg.kind == HOLD else self.asks if msg.kind == ASK else self.q).put(dest, w)
         await w.done.wait()
         return w.ok
 

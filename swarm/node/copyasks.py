@@ -1,0 +1,115 @@
+"""A copy's holder asks the task's home what became of it (pure; stop 46).
+
+A home sends its copies' news (replicas.py) only to holders live in its view, and
+gives up a stray copy's release once its holder has been gone STRAY_GIVE_UP
+(failover.py). A node back after a longer absence (a night's maintenance, a long
+partition) kept its copy of a task that ended meanwhile as it was, `queued`: `swarm
+status` there answered from it, and had the home been lost later, that node could
+have adopted the finished task and run it again.
+
+So the holder asks. Each copy not known to have ended is asked about when its home
+comes into this node's view as alive from dead, left or never heard of (a restart
+hears every member anew, so every such copy is asked after one). The ask is a replica
+message of its own kind (`ask`), holder to home, in batches of asks alone (an agent
+before this refuses the kind, and with it only the asks' batch), sent at the next
+failover ticks until answered, ASK_TRIES times at most.
+
+The home answers by its usual rules, nothing new: a node that is one of the task's
+replicas, or a stray it still owes a release, is kept current already; any other is
+taken as a stray of the task (journaled), sent the release once the task ended, with
+how, or at once when the home no longer has it as its own (forgotten by retention, or
+taken over): a copy released without an end is dropped.
+
+Who can do what: only a key holder sends replica messages. By asking, one can make a
+home send it, and only it, the release of a task of that home once the task ended,
+with its end (state, exit code, a reason cut to 512 bytes): no more than a key
+holder's peer RPCs already reach. An ask about a task whose home is not the node asked
+is refused. A network attacker can do nothing (authenticated transport).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import model as m
+from ..cluster.succession import GONE, Succession
+from . import events as ev
+from .replicas import ASK, Held, ReplicaMsg
+
+ASK_TRIES = 3  # failover ticks an ask is sent at before it is given up (its home is old)
+ASKS_PER_TICK = 2048  # asks sent at one tick at most
+
+
+class CopyAsks:
+    """The asking part of NodeState (state.py), which holds the fields below."""
+
+    node: m.NodeId
+    held: dict[m.TaskId, Held]
+    mine: dict[m.TaskId, tuple[m.NodeId, ...]]
+    strays: dict[m.TaskId, frozenset[m.NodeId]]
+    copies_owed: set[m.TaskId]
+    succession: Succession
+    counters: dict[str, int]
+    # copies to ask their home about -> tries left; homes back since the last tick
+    copies_to_ask: dict[m.TaskId, int]
+    homes_back: set[m.NodeId]
+
+    if TYPE_CHECKING:  # provided by replicas.py
+
+        def _set_strays(
+            self, task_id: m.TaskId, nodes: frozenset[m.NodeId], durable: bool = False
+        ) -> list[ev.Instruction]: ...
+
+    def member_changing(self, node: m.NodeId, state: m.MemberState) -> None:
+        """Before the view takes `node`'s new state: alive after gone or unknown?"""
+        if state is m.MemberState.ALIVE and node != self.node:
+            prior = self.succession.member_state(node)
+            if prior is None or prior in GONE:
+                self.homes_back.add(node)
+
+    def copy_asks(self) -> list[ev.Instruction]:
+        """The asks owed this tick, to homes live in this view."""
+        if self.homes_back:
+            back, self.homes_back = self.homes_back, set()
+            for tid, copy in self.held.items():
+                if copy.final is None and copy.home in back:
+                    self.copies_to_ask[tid] = ASK_TRIES
+        if not self.copies_to_ask:
+            return []
+        out: list[ev.Instruction] = []
+        for tid in list(self.copies_to_ask):
+            if len(out) >= ASKS_PER_TICK:
+                break  # the rest at the next ticks (a restart with many copies)
+            c = self.held.get(tid)
+            left = self.copies_to_ask[tid]
+            # not held any more, ended, out of tries, or its home gone again (asked
+            # anew if it comes back)
+            if (
+                c is None
+                or c.final is not None
+                or left <= 0
+                or not self.succession.is_alive(c.home)
+            ):
+                del self.copies_to_ask[tid]
+                continue
+            del self.copies_to_ask[tid]  # to the back: the others are asked next
+            self.copies_to_ask[tid] = left - 1
+            out.append(ev.SendReplica(c.home, ReplicaMsg(ASK, tid, c.home)))
+        return out
+
+    def ask_answered(self, msg: ReplicaMsg) -> list[ev.Instruction]:
+        self.copies_to_ask.pop(msg.task_id, None)
+        return []
+
+    def on_ask(self, sender: m.NodeId, msg: ReplicaMsg) -> tuple[str | None, list[ev.Instruction]]:
+        """Home side: a node that may hold a copy of our task asks what became of it."""
+        tid = msg.task_id
+        if msg.home != self.node:
+            return f"ask about {tid}: its home is {msg.home}, not this node", []
+        self.counters["copy_asks"] = self.counters.get("copy_asks", 0) + 1
+        old = self.strays.get(tid, frozenset())
+        if sender in self.mine.get(tid, ()) or sender in old:
+            return None, []  # kept current already (its acknowledged news is durable)
+        self.copies_owed.add(tid)  # the next tick looks at it
+        # journaled (`strays:`): the release is owed across a restart too
+        return None, self._set_strays(tid, old | {sender})
