@@ -6,6 +6,7 @@ a fake network. Hypothesis, then long seeded random walks, drive submissions, th
 copy's hold (before or after the task's handoff, as the real home asks for both at
 once), offers, deliveries, moves of queued tasks (back home or on to the third node,
 as a runner's transfers do), starts, ends, failover ticks that carry the copies' news,
+views that hear the other nodes anew (their copies asked about, node/copyasks.py)
 and the permanent loss of one node. After every step:
 
 - while every node lives, each acknowledged task that has not ended is held by two
@@ -42,7 +43,7 @@ from .node_harness import FakeNet, FakeNode
 
 S = m.TaskState
 NAMES = ("A", "B", "C")
-SEEN = ("moved_home", "moved_on", "copied_after_handoff", "stand_in")
+SEEN = ("moved_home", "moved_on", "copied_after_handoff", "stand_in", "asked")
 GRACE = 5.0
 ALIVE, DEAD = m.MemberState.ALIVE, m.MemberState.DEAD
 
@@ -200,6 +201,7 @@ class Copies(RuleBasedStateMachine):
                 if i.dest in self.net.dead:
                     continue  # no answer: the next tick sends it again
                 dest = self.nodes[i.dest]
+                self.seen["asked"] += i.msg.kind == "ask"
                 why, instrs = dest.state.on_replica(node.name, i.msg)
                 dest.run(instrs)
                 if why is None:
@@ -214,6 +216,15 @@ class Copies(RuleBasedStateMachine):
                         back = dest.name, tuple(answers), self.now, wall
                         node.run(node.state.on_notices(*back)[1])
             node.notices_out.clear()
+
+    @rule(name=st.sampled_from(NAMES))
+    def hears_anew(self, name: str) -> None:
+        """`name`'s view hears the other live nodes anew (as after its restart, or a
+        partition healed): its copies not known to have ended are asked about at its
+        next tick (node/copyasks.py)."""
+        if name not in self.net.dead:
+            others = {n.name for n in self._live()} - {name}
+            self.nodes[name].state.homes_back |= others
 
     @precondition(lambda self: not self.net.dead)
     @rule(name=st.sampled_from(NAMES))
@@ -328,6 +339,7 @@ def _step(mch: Copies, rng: random.Random) -> None:
         lambda: mch.finish(n, rng.choice([0, 1])),
         lambda: mch.tick(rng.uniform(0.1, 8.0)),
         lambda: rng.random() < 0.1 and not mch.net.dead and mch.kill(n),
+        lambda: mch.hears_anew(n),
     ]
     rng.choice(actions)()
 
