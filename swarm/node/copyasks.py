@@ -9,10 +9,11 @@ have adopted the finished task and run it again.
 
 So the holder asks. Each copy not known to have ended is asked about when its home
 comes into this node's view as alive from dead, left or never heard of (a restart
-hears every member anew, so every such copy is asked after one). The ask is a replica
-message of its own kind (`ask`), holder to home, in batches of asks alone (an agent
-before this refuses the kind, and with it only the asks' batch), sent at the next
-failover ticks until answered, ASK_TRIES times at most.
+hears every member anew, so every such copy is asked after one), and once an hour for
+a copy held that long without news of its end, whatever way that news went astray.
+The ask is a replica message of its own kind (`ask`), holder to home, in batches of
+asks alone (an agent before this refuses the kind, and with it only the asks' batch),
+sent at the next failover ticks until answered, ASK_TRIES times at most.
 
 The home answers by its usual rules, nothing new: a node that is one of the task's
 replicas, or a stray it still owes a release, is kept current already; any other is
@@ -38,6 +39,8 @@ from .replicas import ASK, Held, ReplicaMsg
 
 ASK_TRIES = 3  # failover ticks an ask is sent at before it is given up (its home is old)
 ASKS_PER_TICK = 2048  # asks sent at one tick at most
+RECHECK_AFTER = 3600.0  # seconds a copy not known to have ended goes before it is asked
+RECHECK_SWEEP = 600.0  # seconds between looks for such copies
 
 
 class CopyAsks:
@@ -53,6 +56,9 @@ class CopyAsks:
     # copies to ask their home about -> tries left; homes back since the last tick
     copies_to_ask: dict[m.TaskId, int]
     homes_back: set[m.NodeId]
+    # copies not known to have ended -> when a sweep first saw them, or last asked
+    copies_seen_at: dict[m.TaskId, float]
+    recheck_at: float  # the next sweep (our now)
 
     if TYPE_CHECKING:  # provided by replicas.py
 
@@ -67,13 +73,15 @@ class CopyAsks:
             if prior is None or prior in GONE:
                 self.homes_back.add(node)
 
-    def copy_asks(self) -> list[ev.Instruction]:
+    def copy_asks(self, now: float) -> list[ev.Instruction]:
         """The asks owed this tick, to homes live in this view."""
         if self.homes_back:
             back, self.homes_back = self.homes_back, set()
             for tid, copy in self.held.items():
                 if copy.final is None and copy.home in back:
                     self.copies_to_ask[tid] = ASK_TRIES
+        if now >= self.recheck_at:
+            self._recheck(now)
         if not self.copies_to_ask:
             return []
         out: list[ev.Instruction] = []
@@ -96,6 +104,23 @@ class CopyAsks:
             self.copies_to_ask[tid] = left - 1
             out.append(ev.SendReplica(c.home, ReplicaMsg(ASK, tid, c.home)))
         return out
+
+    def _recheck(self, now: float) -> None:
+        """Copies not known to have ended, held for RECHECK_AFTER since a sweep first
+        saw them (or since they were last asked), are asked about: whatever way a
+        copy's news went astray (a release that overtook the copy itself, a stray its
+        home gave up on while both stayed up), it is asked about within 80 minutes of
+        being held, and learns the end when the task ends."""
+        self.recheck_at = now + RECHECK_SWEEP
+        seen = self.copies_seen_at
+        for tid in [t for t in seen if t not in self.held]:
+            del seen[tid]
+        for tid, copy in self.held.items():
+            if copy.final is not None:
+                seen.pop(tid, None)
+            elif now - seen.setdefault(tid, now) >= RECHECK_AFTER:
+                seen[tid] = now
+                self.copies_to_ask.setdefault(tid, ASK_TRIES)
 
     def ask_answered(self, msg: ReplicaMsg) -> list[ev.Instruction]:
         self.copies_to_ask.pop(msg.task_id, None)

@@ -137,6 +137,8 @@ class NodeState(
         self.held: dict[m.TaskId, Held] = {}
         self.copies_to_ask: dict[m.TaskId, int] = {}  # copyasks.py
         self.homes_back: set[m.NodeId] = set()  # copyasks.py
+        self.copies_seen_at: dict[m.TaskId, float] = {}  # copyasks.py
+        self.recheck_at = 0.0  # copyasks.py: the next look for copies long unheard of
         self.heard: set[m.NodeId] = set()
         self.fence_ttl = settings.fence_ttl
         self.init_gangs(settings.gang_timers)

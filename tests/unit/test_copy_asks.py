@@ -14,6 +14,7 @@ from swarm.node.replicas import (
     ASK,
     HOLD,
     RELEASE,
+    Final,
     ReplicaMsg,
     replica_msg_from_wire,
     replica_msg_to_wire,
@@ -211,3 +212,24 @@ def test_asks_are_bounded_per_tick() -> None:
         copyasks.ASKS_PER_TICK = old
     # the ones not answered yet go to the back: the others are asked next
     assert len(first) == 2 and len(second) == 2 and not set(first) & set(second)
+
+
+def test_a_copy_long_without_news_is_asked_about_once_an_hour() -> None:
+    """A release that overtook its copy (acknowledged, the late copy then kept queued):
+    the home has forgotten the holder, and neither went away. The hourly look asks."""
+    nodes, a, b, tid = _started_at_a()
+    b.state.homes_back.clear()  # B heard A before it took the copy: no ask for that
+    a.finish(tid, wall=1005.0)
+    ended = ReplicaMsg(
+        HOLD, "t-ended", "A", None, ("B",), m.TaskSpec(id="t-ended", argv=("x",), home="A")
+    )
+    b.run(b.state.on_replica("A", ended)[1])
+    b.state.held["t-ended"].final = Final("succeeded", 0)  # known to have ended: not asked
+    _tick(b, 1.0)  # the first look: seen
+    _tick(b, 1.0 + copyasks.RECHECK_AFTER - 1.0)
+    assert b.replica_out == []  # not an hour yet
+    _tick(b, 1.0 + copyasks.RECHECK_AFTER + copyasks.RECHECK_SWEEP)
+    assert [(i.dest, i.msg.kind, i.msg.task_id) for i in b.replica_out] == [("A", ASK, tid)]
+    assert _home_answers(nodes, b, tid, 5000.0) == "succeeded"
+    _tick(b, 1.0 + 3 * copyasks.RECHECK_AFTER)
+    assert b.replica_out == []  # answered, and ended: asked no more
