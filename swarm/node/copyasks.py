@@ -90,19 +90,19 @@ class CopyAsks:
                 break  # the rest at the next ticks (a restart with many copies)
             c = self.held.get(tid)
             left = self.copies_to_ask[tid]
+            home = None if c is None else self.succession.member_state(c.home)
             # not held any more, ended, out of tries, or its home gone again (asked
-            # anew if it comes back)
-            if (
-                c is None
-                or c.final is not None
-                or left <= 0
-                or not self.succession.is_alive(c.home)
-            ):
+            # anew when it comes back)
+            if c is None or c.final is not None or left <= 0 or home is None or home in GONE:
                 del self.copies_to_ask[tid]
                 continue
+            if home is not m.MemberState.ALIVE:
+                continue  # suspect: asked once it is alive, its tries kept
             del self.copies_to_ask[tid]  # to the back: the others are asked next
             self.copies_to_ask[tid] = left - 1
             out.append(ev.SendReplica(c.home, ReplicaMsg(ASK, tid, c.home)))
+        if out:  # `swarm info`: coordinator.copy_asks_sent (and the homes' copy_asks)
+            self.counters["copy_asks_sent"] = self.counters.get("copy_asks_sent", 0) + len(out)
         return out
 
     def _recheck(self, now: float) -> None:

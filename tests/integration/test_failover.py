@@ -185,3 +185,53 @@ def test_home_lost_with_tasks_queued_there_its_replica_runs_them(
     p = c.cli("cancel", long_id)
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in b.log_text() + c.log_text()
+
+
+def test_a_restarted_holder_asks_the_home_about_its_copies_and_keeps_them(
+    make_agent: AgentFactory,
+) -> None:
+    """node/copyasks.py on real agents: a node holding copies of queued tasks is killed
+    and restarted; it asks their home about each (the `ask` replica message, in its
+    own batches), the home answers, and since the home keeps it current the copies
+    stay (nothing an ask answers drops a live copy)."""
+    grace = ["--home-grace", str(GRACE)]
+    a = make_agent("qa", *LOOP, *grace, "--slots", "1")
+    # the holders join through the home: a restarted one finds the cluster again (a
+    # restarted seed with no seeds of its own waits for the others to call)
+    seed = ["--seeds", f"127.0.0.1:{a.port}"]
+    b = make_agent("qb", *LOOP, *grace, *seed, "--shares", "0")
+    c = make_agent("qc", *LOOP, *grace, *seed, "--shares", "0")
+    wait_for(lambda: all_see([a, b, c], {"qa", "qb", "qc"}), 30, "three agents to see each other")
+    marker = f"sleep {700 + (hash(str(a.state_dir)) % 97)}"
+    try:
+        with a.client() as cl:
+            ids = [cl.call("submit", argv=marker.split(), cwd="/")["id"] for _ in range(4)]
+        wait_for(lambda: status(a, ids[0])["task"]["state"] == "running", 30, "the first task")
+
+        def held(x: LocalAgent) -> int:
+            with x.client() as cl:
+                return int(cl.info()["copies"]["held"])
+
+        def asks(x: LocalAgent, key: str) -> int:
+            with x.client() as cl:
+                return int(cl.info()["coordinator"].get(key, 0))
+
+        holder = max((b, c), key=held)
+        before = held(holder)
+        assert before >= 1 and held(b) + held(c) == 4
+        # (a holder whose first tick came after its first copies asked about them
+        # already: the home keeps such a replica current, so nothing changed)
+        asked = asks(a, "copy_asks")
+        holder.kill(signal.SIGKILL)
+        holder.start()
+        wait_for(
+            lambda: asks(holder, "copy_asks_sent") >= before,
+            30,
+            "the restarted holder to ask about each copy",
+        )
+        wait_for(lambda: asks(a, "copy_asks") >= asked + before, 30, "the home to be asked")
+        assert held(holder) == before  # kept: the home keeps it current
+        assert all(status(a, t)["task"]["state"] in ("queued", "running") for t in ids)
+    finally:
+        subprocess.run(["pkill", "-9", "-f", marker], check=False)
+    assert "Traceback" not in a.log_text() + b.log_text() + c.log_text()

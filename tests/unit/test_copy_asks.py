@@ -156,6 +156,10 @@ def test_asks_wait_for_their_home_and_stop_after_a_few_unanswered_ticks() -> Non
     _tick(b, 2.0)
     assert b.replica_out == []  # its home is gone: nothing asked
     b.state.members_seen((("A", ALIVE),), 3.0)
+    b.state.members_seen((("A", m.MemberState.SUSPECT),), 3.5)
+    _tick(b, 3.6)
+    assert b.replica_out == []  # suspect: it waits, keeping its tries
+    b.state.members_seen((("A", ALIVE),), 3.7)
     for k in range(ASK_TRIES + 2):
         _tick(b, 4.0 + k)
     asks = [i for i in b.replica_out if i.msg.kind == ASK]
