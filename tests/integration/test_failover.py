@@ -37,6 +37,25 @@ def three(make_agent: AgentFactory, slots: int = 1) -> tuple[LocalAgent, LocalAg
     return a, b, c
 
 
+def home_and_two_drained(
+    make_agent: AgentFactory, p: str, seed_at_home: bool
+) -> tuple[LocalAgent, LocalAgent, LocalAgent]:
+    """A home `{p}a` with one slot and two drained nodes `{p}b`, `{p}c` (they keep
+    copies but run nothing); the seed is the home, or else `{p}c`, started first."""
+    grace = ["--home-grace", str(GRACE)]
+    home, drained = [*LOOP, *grace, "--slots", "1"], [*LOOP, *grace, "--shares", "0"]
+    first = make_agent(p + ("a" if seed_at_home else "c"), *(home if seed_at_home else drained))
+    seed = ["--seeds", f"127.0.0.1:{first.port}"]
+    b = make_agent(p + "b", *drained, *seed)
+    if seed_at_home:
+        a, c = first, make_agent(p + "c", *drained, *seed)
+    else:
+        a, c = make_agent(p + "a", *home, *seed), first
+    names = {p + x for x in "abc"}
+    wait_for(lambda: all_see([a, b, c], names), 30, "three agents to see each other")
+    return a, b, c
+
+
 def submit_at(a: LocalAgent, out: Path, n: int, secs: float) -> list[str]:
     """`n` tasks at `a`, each appending one line to its own file under `out` (a second
     run would show as a second line)."""
@@ -131,12 +150,7 @@ def test_home_lost_with_tasks_queued_there_its_replica_runs_them(
     out = short_tmp / "out"
     out.mkdir()
     out.chmod(0o777)
-    grace = ["--home-grace", str(GRACE)]
-    c = make_agent("rc", *LOOP, *grace, "--shares", "0")
-    seed = ["--seeds", f"127.0.0.1:{c.port}"]
-    b = make_agent("rb", *LOOP, *grace, *seed, "--shares", "0")
-    a = make_agent("ra", *LOOP, *grace, *seed, "--slots", "1")
-    wait_for(lambda: all_see([a, b, c], {"ra", "rb", "rc"}), 30, "three agents to see each other")
+    a, b, c = home_and_two_drained(make_agent, "r", seed_at_home=False)
     marker = f"sleep {600 + (hash(str(short_tmp)) % 97)}"
     with a.client() as cl:
         r = cl.call("submit", argv=marker.split(), cwd="/", name="blocker")
@@ -194,14 +208,9 @@ def test_a_restarted_holder_asks_the_home_about_its_copies_and_keeps_them(
     and restarted; it asks their home about each (the `ask` replica message, in its
     own batches), the home answers, and since the home keeps it current the copies
     stay (nothing an ask answers drops a live copy)."""
-    grace = ["--home-grace", str(GRACE)]
-    a = make_agent("qa", *LOOP, *grace, "--slots", "1")
     # the holders join through the home: a restarted one finds the cluster again (a
     # restarted seed with no seeds of its own waits for the others to call)
-    seed = ["--seeds", f"127.0.0.1:{a.port}"]
-    b = make_agent("qb", *LOOP, *grace, *seed, "--shares", "0")
-    c = make_agent("qc", *LOOP, *grace, *seed, "--shares", "0")
-    wait_for(lambda: all_see([a, b, c], {"qa", "qb", "qc"}), 30, "three agents to see each other")
+    a, b, c = home_and_two_drained(make_agent, "q", seed_at_home=True)
     marker = f"sleep {700 + (hash(str(a.state_dir)) % 97)}"
     try:
         with a.client() as cl:
