@@ -134,7 +134,10 @@ class Effects:
                 woken.append(i.task_id)
             durable = durable or (isinstance(i, (ev.Record, ev.Persist)) and i.durable)
         if durable:
-            await self.journal.commit(ops, must_land=True)
+            # the ends among them are answered to waits once on disk (tasks.py)
+            ends = [i.task.id for i in instrs if isinstance(i, ev.Record) and i.task.state.terminal]
+            with self.table.writing(ends):
+                await self.journal.commit(ops, must_land=True)
         elif ops:
             self.journal.enqueue(ops)
         for tid in woken:
@@ -144,7 +147,8 @@ class Effects:
     async def _do_blocking(self, i: ev.Instruction) -> None:
         if isinstance(i, ev.Record):
             self.table.noted(i.task)
-            await self.journal.commit([PutTask(i.task)], must_land=True)
+            with self.table.writing([i.task.id] if i.task.state.terminal else []):
+                await self.journal.commit([PutTask(i.task)], must_land=True)
             self.table.wake(i.task.id)
         elif isinstance(i, ev.Persist):
             await self.journal.commit(kv_ops(i.ops), must_land=True)

@@ -8,7 +8,8 @@ hear of them, so a client never sees a result the journal could forget.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import trio
@@ -121,12 +122,8 @@ class TaskTable:
     ) -> m.Task:
         """Apply a transition and wait until it is on disk before waking waiters."""
         new = self._apply(task_id, dst, cause, **kw)
-        self._writing.add(task_id)
-        try:
+        with self.writing([task_id]):
             await self.journal.commit([PutTask(new)], must_land=True)
-        finally:  # a failed write wakes its waiters too: they answer from memory
-            self._writing.discard(task_id)
-            self._wake(task_id)
         return new
 
     def replace(self, task: m.Task) -> None:
@@ -168,6 +165,20 @@ class TaskTable:
         self.records.store(task)
 
     # --------------------------------------------------------------- waiting
+
+    @contextlib.contextmanager
+    def writing(self, task_ids: Iterable[m.TaskId]) -> Iterator[None]:
+        """These records, applied in memory, are being written: a wait answers an end
+        among them once the write is on disk (then they are woken; a failed write
+        wakes them too, and they answer from memory)."""
+        ids = set(task_ids) - self._writing  # (one already marked: its writer wakes it)
+        self._writing |= ids
+        try:
+            yield
+        finally:
+            self._writing -= ids
+            for tid in ids:
+                self._wake(tid)
 
     def wake(self, task_id: m.TaskId) -> None:
         """Whoever waits on this task looks again (its record changed)."""

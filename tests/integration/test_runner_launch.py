@@ -98,7 +98,6 @@ async def test_a_wait_answers_once_the_end_is_on_disk_and_its_directory_given_ba
         await real_commit(ops, **kw)
 
     journal.commit = slow_commit  # type: ignore[method-assign]
-    answered: list[m.Task] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         await nursery.start(runner.run)
@@ -107,18 +106,8 @@ async def test_a_wait_answers_once_the_end_is_on_disk_and_its_directory_given_ba
         with trio.fail_after(10):
             while (t := table.get_cached("t1")) is None or not t.state.terminal:
                 await trio.sleep(0.01)  # applied in memory; its write is held
-
-        async def wait() -> None:
-            answered.append(await table.wait_terminal("t1"))
-
-        nursery.start_soon(wait)
-        await trio.sleep(0.2)
         # asserted after the write: the runner's end waits for it, shielded
-        early = list(answered)
-        hold.set()
-        with trio.fail_after(10):
-            while not answered:
-                await trio.sleep(0.01)
+        early, answered = await _wait_while_held(table, nursery, hold)
         # what was there when the wait answered
         back = [(d, list(d.iterdir())) for d in runner.status_dirs.free]
         with trio.fail_after(10):
@@ -128,3 +117,46 @@ async def test_a_wait_answers_once_the_end_is_on_disk_and_its_directory_given_ba
     assert early == []  # not answered from memory while the write was held
     assert answered[0].state is m.TaskState.SUCCEEDED
     assert len(back) == 1 and back[0][1] == []  # the directory back, emptied
+
+
+async def test_an_end_the_state_machine_records_is_answered_once_written(tmp_path: Path) -> None:
+    """The node's state machine records ends too (a queued task cancelled, a guest's
+    result): runtime/effects.py marks them `writing` around their commit, and a wait
+    that comes meanwhile answers after it, as for the runner's own ends."""
+    table, _ = _runner(tmp_path)
+    hold = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(table.journal.run)
+        await table.add(m.new_task(_spec("t1", "true"), time.time(), "n1"))
+        table.records.apply("t1", m.TaskState.CANCELLED, time.time(), "cancelled")
+
+        async def write() -> None:
+            with table.writing(["t1"]):
+                await hold.wait()  # the commit, held
+
+        nursery.start_soon(write)
+        await trio.sleep(0.05)
+        early, answered = await _wait_while_held(table, nursery, hold)
+        nursery.cancel_scope.cancel()
+    assert early == []
+    assert answered[0].state is m.TaskState.CANCELLED
+
+
+async def _wait_while_held(
+    table: TaskTable, nursery: trio.Nursery, hold: trio.Event
+) -> tuple[list[m.Task], list[m.Task]]:
+    """A wait on t1 started while its end's write is held: what it had answered
+    before the write was let go (nothing, if it waits for it), and after."""
+    answered: list[m.Task] = []
+
+    async def wait() -> None:
+        answered.append(await table.wait_terminal("t1"))
+
+    nursery.start_soon(wait)
+    await trio.sleep(0.2)
+    early = list(answered)
+    hold.set()
+    with trio.fail_after(10):
+        while not answered:
+            await trio.sleep(0.01)
+    return early, answered
