@@ -4,6 +4,8 @@ tells the others; a home that comes back lets go and never runs it again."""
 
 from __future__ import annotations
 
+import attrs
+
 from swarm import model as m
 from swarm.cluster import handoff as h
 from swarm.cluster.succession import Notice
@@ -210,3 +212,23 @@ def test_a_runners_adoption_makes_new_copies_that_outlive_the_runner() -> None:
     _tick(r, 8.0 + 2 * GRACE + 0.1)
     t = r.state.records.active["t1"]
     assert t.spec.home == copy.dest and "adopted from B" in t.history[-1].cause
+
+
+def test_an_old_home_back_refuses_the_adopted_task_until_it_yields() -> None:
+    """Chaos home-loss, seed 1018 (stop 46): a restarted old home ran its queued task,
+    then took the adopted task's transfer back as the new home's guest; the run and the
+    guest entry shared one record, and the result never reached the new home. Such an
+    offer is refused now, until the adopter's notice makes the old home yield."""
+    (a,) = _nodes("A")
+    spec = a.submit(m.TaskSpec(id="t1", argv=("x",)))
+    a.run_here(spec.id)
+    assert a.try_start(spec.id) is None  # back, and running it as its home
+    adopted = attrs.evolve(spec, home="B")
+    why = a.state.admission_refusal(adopted)
+    assert why is not None and "older claim of t1" in why
+    assert a.state.admission_refusal(spec) is None  # its own task, moving back home
+    assert a.state.admission_refusal(attrs.evolve(spec, id="t2", home="B")) is None
+    reply, _ = a.state.on_request("B", h.Offer("t1", 2, adopted), 0.0, 0.0, refusal=why)
+    assert reply is not None and not reply.ok and "older claim" in reply.reason
+    a.finish(spec.id, wall=5.0)
+    assert a.state.admission_refusal(adopted) is None  # ended here: nothing to share
