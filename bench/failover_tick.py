@@ -8,6 +8,11 @@ instructions in memory): home A submits N tasks, each copied to its replica (B o
 and handed to B or C, every message delivered and answered; then A's and B's ticks are
 timed in the steady state (nothing owed), 20 ticks per size and round.
 
+Also times B's handling of one notices message (succession's claims, 256 of them as
+one message carries, each restating A's claim on a task B runs): a node that adopted
+thousands of tasks sends its peers hundreds of such messages, each handled on the
+loop (stop 47: they synced every task's record, now only their own).
+
 Prints the median tick per size (ms) and writes bench/results/failover_tick.json.
 For an A/B, run this file with PYTHONPATH set to another checkout (the code it
 imports is the checkout's; the harness too).
@@ -53,12 +58,21 @@ def build(n: int) -> tuple[FakeNode, FakeNode]:
         _, instrs = a.state.offer(spec.id, "B" if i % 2 else "C", 0.0, 0.0)
         a.run(instrs)
     net.settle()
-    tick(a, 1.0)
-    while a.replica_out:
-        i = a.replica_out.pop(0)
-        _, instrs = nodes[i.dest].state.on_replica("A", i.msg)
-        nodes[i.dest].run(instrs)
-        a.run(a.state.replica_acked(i.dest, i.msg))
+    for k in range(100):
+        # A's copies' news, and B's and C's asks about the copies they hold (a home
+        # first seen alive is asked, node/copyasks.py, a few thousand a tick),
+        # delivered and answered until nothing is owed
+        sent = 0
+        for x in (a, b, c):
+            tick(x, 1.0 + k / 100)
+            sent += len(x.replica_out)
+            while x.replica_out:
+                i = x.replica_out.pop(0)
+                _, instrs = nodes[i.dest].state.on_replica(x.name, i.msg)
+                nodes[i.dest].run(instrs)
+                x.run(x.state.replica_acked(i.dest, i.msg))
+        if not sent:
+            break
     return a, b
 
 
@@ -78,6 +92,22 @@ def timed(node: FakeNode) -> float:
     return statistics.median(times)
 
 
+def timed_notices(b: FakeNode) -> float:
+    """The median of TICKS notices messages from A at B, in ms."""
+    from swarm.cluster.succession import Notice
+    from swarm.node.failover import NOTICES_PER_MESSAGE
+
+    ran = sorted(b.state.guest.entries)[:NOTICES_PER_MESSAGE]
+    msg = tuple(Notice("B", tid, "A", 1, "B", ()) for tid in ran)
+    times = []
+    for k in range(TICKS):
+        t0 = time.perf_counter()
+        _, instrs = b.state.on_notices("A", msg, 2.0 + k, 1002.0 + k)
+        b.run(instrs)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1000,10000,50000")
@@ -87,17 +117,19 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
     rows = []
     for n in sizes:
-        homes, runners = [], []
+        homes, runners, notices = [], [], []
         for _ in range(args.rounds):
             a, b = build(n)
             homes.append(timed(a))
             runners.append(timed(b))
-        row = {"tasks": n, "home_ms": homes, "runner_ms": runners}
+            notices.append(timed_notices(b))
+        row = {"tasks": n, "home_ms": homes, "runner_ms": runners, "notices_ms": notices}
         rows.append(row)
         print(
             f"{n:>7} tasks out: home tick {statistics.median(homes):7.2f} ms"
             f" (rounds {', '.join(f'{x:.2f}' for x in homes)}); B (runs half, holds"
-            f" about half the copies) {statistics.median(runners):6.2f} ms",
+            f" about half the copies) {statistics.median(runners):6.2f} ms;"
+            f" B's notices message {statistics.median(notices):6.2f} ms",
             flush=True,
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)

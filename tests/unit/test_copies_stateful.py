@@ -260,6 +260,18 @@ class Copies(RuleBasedStateMachine):
             for tid in sorted(st.mine.keys() | st.strays.keys()):
                 assert not st.replica_update(tid) or tid in look, (node.name, tid)
 
+    @invariant()
+    def one_task_synced_as_all_are(self) -> None:
+        """A notices message syncs the succession core for its tasks only
+        (failover.py `_wanted`): for every task, what that holds is what the
+        failover tick's passes over all of them hold."""
+        for node in self._live():
+            st = node.state
+            every = st._wants_all()
+            tids = every.keys() | st.succession.records().keys() | st.records.active.keys()
+            for tid in sorted(tids):
+                assert st._wanted(tid) == every.get(tid), (node.name, tid)
+
     def ended(self, tid: m.TaskId) -> bool:
         return any(tid in n.finals for n in self.nodes.values())
 
