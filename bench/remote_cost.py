@@ -6,7 +6,8 @@ one by 8 client threads at the home with the constraint role=worker, so every ta
 placed remotely. Prints, for each `--replicas` setting given (the home's
 `--replicas`; 2 makes one copy per task at another node, 1 none):
 
-- submissions per second (8 clients, each waiting for its answer);
+- submissions per second (8 clients, each waiting for its answer), and tasks ended
+  per second (from the first submission until the home knew every end);
 - the agents' CPU (user + system of the agent processes, not the tasks') per task,
   at the home and at the runners together, from the first submission until every
   task ended;
@@ -99,6 +100,7 @@ def one(
         submitted = time.time() - t0
         with Client(home.socket, timeout=600) as c:
             records = [c.wait(i, timeout=600) for i in ids]
+        ended = time.time() - t0  # the last task's end known at its home (or a bit after)
         with home.client() as c:
             counted = c.info()["coordinator"]
         n = len(ids)
@@ -111,6 +113,8 @@ def one(
             "succeeded": ok,
             "remote": remote,
             "submitted_per_s": n / submitted,
+            # the whole burst through: the cluster's rate of completing tasks
+            "ended_per_s": n / ended,
             "home_cpu_ms_per_task": (_cpu(home) - home0) / n * 1000,
             "runners_cpu_ms_per_task": (sum(_cpu(r) for r in runners) - run0) / n * 1000,
             "home_sys_ms_per_task": (_sys(home) - hsys0) / n * 1000,
@@ -151,7 +155,7 @@ def main() -> None:
                 rows.append(row)
                 print(
                     f"replicas {rep}: {row['submitted_per_s']:.0f} submitted/s"
-                    f" ({args.clients} clients);"
+                    f" ({args.clients} clients), {row['ended_per_s']:.0f} ended/s;"
                     f" agent CPU per task: home {row['home_cpu_ms_per_task']:.2f} ms"
                     f" (kernel {row['home_sys_ms_per_task']:.2f}),"
                     f" runners {row['runners_cpu_ms_per_task']:.2f} ms"
