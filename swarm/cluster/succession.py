@@ -60,9 +60,13 @@ the nodes that can take the home's role over, and decides when one of them does.
   doubt does not re-replicate: it may no longer be the authority.
 * **Doubt.** A home that learns it was declared dead, or restarts, is `in_doubt` about
   its tasks for one grace unless a notice comes first: an adopter that can reach it
-  tells it as soon as it sees it alive again, well within a grace. A caller should not
-  place or start a task in doubt. An adopter that cannot reach it for longer may have
-  adopted all the same; its claim wins when they meet, and the task may have run twice.
+  tells it as soon as it sees it alive again, well within a grace. A home in doubt
+  does not re-replicate. Placement waits on a doubt of its own, node/doubt.py: a home
+  that restarted after an absence of a grace or more (how long, by its journal's
+  heartbeat) places none of these tasks for max(grace, 10 s); one that merely learns
+  of its death places on (it was not down: nobody adopted unless it stayed unheard
+  for the grace). An adopter that cannot reach it for longer may have adopted all
+  the same; its claim wins when they meet, and the task may have run twice.
 
 What the rules bound, and what they do not. Adoption needs a SWIM death, which needs a
 suspicion timeout without a refutation, plus the grace: a node that is alive and

@@ -69,6 +69,10 @@ class Placing:
 
         def fence_hold(self, t: m.Task, now: float) -> float | None: ...
 
+        def in_doubt_here(self, tid: m.TaskId, now: float) -> bool: ...
+
+        def defer_in_doubt(self, tid: m.TaskId, wall: float) -> list[ev.Instruction]: ...
+
         def local_report(self, wall: float) -> m.LoadReport:
             raise NotImplementedError
 
@@ -205,6 +209,8 @@ class Placing:
         """Place a queued task whose home is here (a no-op while it is being placed)."""
         if tid in self.jobs:
             return []
+        if self.in_doubt_here(tid, now):  # doubt.py: restarted after a long absence
+            return self.defer_in_doubt(tid, wall)
         first: pl.Placement | None = None
         t = self.records.active.get(tid)
         watch = self.backup_watch(t, now) if t is not None and t.spec.idempotent else []

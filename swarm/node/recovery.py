@@ -13,6 +13,7 @@ Keys (the task records themselves are rows of their own, not keys):
   globals      the global-task set (a CRDT, also gossiped)
   shares, undrain_shares   this node's shares and what an undrain gives back (shares.py)
   marr:<id>    a migrated task's arrival record (moves.py)
+  alive_at     wall time of this agent's last heartbeat: how long it was down (doubt.py)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ REPLICAS = "repls:"  # the nodes keeping copies of a task whose home is here
 STRAYS = "strays:"  # nodes that may keep a stray copy of it (replicas.py)
 GPU = "gpu:"
 GLOBALS_KEY = "globals"
+ALIVE_AT = "alive_at"  # the last heartbeat's wall time (doubt.py)
 USAGE_KEY = "usage"  # this node's decayed usage per principal (fair share, runqueue.py)
 TOMB_TTL = 600.0  # seconds a guest tombstone is kept
 

@@ -41,6 +41,7 @@ from .arrays import Arrays
 from .backups import Backups
 from .copyasks import CopyAsks
 from .depends import Depends
+from .doubt import RestartDoubt
 from .failover import Failover
 from .fencing import FENCE_TTL, FENCED, Fencing, RunnerLease
 from .gangs import Gangs
@@ -98,6 +99,7 @@ class NodeState(
     Depends,
     Replicas,
     CopyAsks,
+    RestartDoubt,
     LoadState,
     Placing,
     Timers,
@@ -139,6 +141,10 @@ class NodeState(
         self.homes_back: set[m.NodeId] = set()  # copyasks.py
         self.copies_seen_at: dict[m.TaskId, float] = {}  # copyasks.py
         self.recheck_at = 0.0  # copyasks.py: the next look for copies long unheard of
+        self.alive_written = 0.0  # doubt.py: the last heartbeat (wall)
+        self.doubt_until = 0.0  # doubt.py: a restart's doubt ends (trio time)
+        self.doubted: set[m.TaskId] = set()  # doubt.py
+        self.deferred: set[m.TaskId] = set()  # doubt.py: placements waiting for it
         self.heard: set[m.NodeId] = set()
         self.fence_ttl = settings.fence_ttl
         self.init_gangs(settings.gang_timers)

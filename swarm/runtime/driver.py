@@ -30,6 +30,7 @@ from ..logs import EventLog
 from ..node import events as ev
 from ..node import recovery
 from ..node.arrays import restore_array_progress
+from ..node.doubt import alive_at_of
 from ..node.failover import restore_adopted
 from ..node.gangs import restore_gang_rounds
 from ..node.loadstate import changed_meaningfully
@@ -134,6 +135,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
         self._inflight: set[tuple[m.NodeId, h.Request]] = set()
         self._replica_inflight: set[tuple[m.NodeId, m.TaskId, str, m.NodeId | None]] = set()
         self._seq = 0  # stimuli fed to the state
+        self._alive_at: float | None = None  # the journal's last heartbeat (doubt.py)
         self._wake_at = math.inf
         self._wake_kick = trio.Event()
         self._published_at = 0.0
@@ -226,6 +228,7 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
         )
         self.state.gang_rounds, self.state.gang_starts = restore_gang_rounds(kv)
         self.state.array_progress = restore_array_progress(kv)
+        self._alive_at = alive_at_of(kv)
         usage = kv.get(USAGE_KEY)
         if usage is not None:
             try:
@@ -251,6 +254,9 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
             # resume what the journal says was in flight
             for tid in recovery.interrupted_offers(self.table.active, self.state.handoffs):
                 self.table.change(tid, S.QUEUED, "offer interrupted by restart", node=self.node)
+            # down for the grace or more: our tasks a peer may have adopted wait
+            now, wall = self._time()
+            self.run_inline(self.state.restarted_after(now, wall, self._alive_at))
             for t in list(self.table.active.values()):
                 mine = t.spec.home == self.node and t.node == self.node and not t.spec.is_global
                 if self.resume_group(t, mine):

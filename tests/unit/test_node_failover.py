@@ -232,3 +232,78 @@ def test_an_old_home_back_refuses_the_adopted_task_until_it_yields() -> None:
     assert reply is not None and not reply.ok and "older claim" in reply.reason
     a.finish(spec.id, wall=5.0)
     assert a.state.admission_refusal(adopted) is None  # ended here: nothing to share
+
+
+def _copied_at_a() -> tuple[FakeNode, FakeNode]:
+    """Task t1 queued at its home A (not placed yet), its copy held at B."""
+    a, b = _nodes("A", "B")
+    spec = a.submit(m.TaskSpec(id="t1", argv=("x",)))
+    why, instrs = b.state.on_replica("A", a.state.hold_msg(spec, ("B",)))
+    assert why is None
+    b.run(instrs)
+    a.run(a.state.replicas_chosen("t1", ("B",)))
+    return a, b
+
+
+def test_a_home_back_after_its_grace_places_no_task_a_peer_may_have_taken_over() -> None:
+    """The left item of stops 44-46: a restarted home placed its queued tasks from its
+    journal at once, before any peer could tell it that it had adopted them. Down for
+    the grace or more (its last `alive_at` against now), it waits max(grace, 10 s)."""
+    from swarm.node.doubt import DOUBT_MIN
+    from swarm.node.recovery import ALIVE_AT
+
+    a, _ = _copied_at_a()
+    a.run(a.state.restarted_after(100.0, 1100.0, alive_at=1000.0))  # down 100 s
+    assert a.kv[ALIVE_AT] == 1100.0 and any("restart_doubt" in x for x in a.logs)
+    a.run(a.state.place("t1", 100.0, 1100.0))
+    assert "t1" not in a.queue and "t1" in a.state.deferred
+    assert "restarted after its grace" in a.state.explains["t1"][-1]["outcome"]
+    _tick(a, 100.0 + DOUBT_MIN - 0.5)
+    assert a.placements == []  # still in doubt
+    _tick(a, 100.0 + DOUBT_MIN)
+    assert a.placements == ["t1"] and not a.state.deferred
+    a.run(a.state.place("t1", 111.0, 1111.0))  # the effect of Place: placed now
+    assert "t1" in a.queue
+
+
+def test_a_home_back_after_a_short_absence_places_at_once() -> None:
+    a, _ = _copied_at_a()
+    a.run(a.state.restarted_after(100.0, 1100.0, alive_at=1100.0 - GRACE + 0.5))
+    a.run(a.state.place("t1", 100.0, 1100.0))
+    assert "t1" in a.queue and not a.state.deferred
+
+
+def test_a_home_in_doubt_lets_an_adopted_task_go_and_never_places_it() -> None:
+    a, _ = _copied_at_a()
+    a.run(a.state.restarted_after(100.0, 1100.0, alive_at=None))  # no heartbeat: long
+    a.run(a.state.place("t1", 100.0, 1100.0))
+    assert "t1" in a.state.deferred
+    # B adopted it while A was down, and says so once it sees A again
+    _, instrs = a.state.on_notices("B", (Notice("A", "t1", "B", 2, "B", ()),), 101.0, 1101.0)
+    a.run(instrs)
+    assert any("failover.yielded" in x for x in a.logs)
+    for now in (102.0, 130.0):
+        _tick(a, now)
+    assert a.placements == [] and not a.state.deferred and "t1" not in a.queue
+
+
+def test_a_task_nobody_could_take_over_is_placed_at_once_after_a_long_absence() -> None:
+    """No copy, not held elsewhere: no succession record, nothing to doubt."""
+    (a,) = _nodes("A")
+    a.submit(m.TaskSpec(id="t1", argv=("x",)))
+    a.run(a.state.restarted_after(100.0, 1100.0, alive_at=0.0))
+    a.run(a.state.place("t1", 100.0, 1100.0))
+    assert "t1" in a.queue
+
+
+def test_the_heartbeat_is_journaled_every_few_seconds() -> None:
+    from swarm.node.doubt import ALIVE_EVERY
+    from swarm.node.recovery import ALIVE_AT
+
+    (a,) = _nodes("A")
+    _tick(a, 1.0)
+    assert a.kv[ALIVE_AT] == 1001.0
+    _tick(a, 1.0 + ALIVE_EVERY / 2)
+    assert a.kv[ALIVE_AT] == 1001.0
+    _tick(a, 1.0 + ALIVE_EVERY)
+    assert a.kv[ALIVE_AT] == 1001.0 + ALIVE_EVERY
