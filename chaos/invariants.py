@@ -68,6 +68,11 @@ CANCEL = "cancel-obeyed"
 # restart scenarios (agents restarted with --keep-tasks always, no other fault): a task
 # runs once; a running one keeps running across its agent's restart
 RESTART_RERUN = "restart-nothing-rerun"
+# stop 47 (node/doubt.py): a home killed for its grace or more and restarted places none
+# of its tasks a peer may have adopted for DOUBT_MIN s at least: a task adopted from it
+# never starts there in that window (scenarios whose faults are kills, restarts, losses)
+OLD_HOME_WAITS = "old-home-waits-after-adoption"
+DOUBT_MIN = 10.0  # node/doubt.py's (the checks do not import the agent's code)
 
 # a task's second execution (start marks) shows in its record as a retry point (a run
 # that ended without a result: re-queued, migrating, an agent's restart)
@@ -1329,6 +1334,41 @@ def check_no_rerun(
                     RESTART_RERUN, runs[1].node, f"task {a.id} ran {len(runs)} times: {shown}"
                 )
             )
+    return out
+
+
+def check_old_home_waits(
+    executions: Mapping[str, Sequence[Execution]],
+    journals: Mapping[str, JournalData],
+    faults: Iterable[FaultWindow],
+    grace: float,
+) -> list[Violation]:
+    """A task adopted from its home X (an `adopted from X` move in the adopter's
+    journal) does not start at X within DOUBT_MIN s of X's restart after a kill that
+    kept it down for the grace or more, when the adoption came before that window's
+    end (node/doubt.py: X is in doubt about it then, whatever the notices). A start
+    later is at-least-once by design (no notice came: the adopter down, or slow)."""
+    downs: dict[str, list[tuple[float, float]]] = {}
+    for f in faults:
+        if f.kind == "kill" and f.end - f.start >= grace:
+            for n in f.nodes:
+                downs.setdefault(n, []).append((f.start, f.end))
+    out = []
+    for adopter, j in sorted(journals.items()):
+        for e in j.transitions:
+            if not e.cause.startswith("adopted from "):
+                continue
+            old = e.cause[len("adopted from ") :].split(":", 1)[0]
+            for start, back in downs.get(old, ()):
+                if not start <= e.at <= back + DOUBT_MIN:
+                    continue
+                for r in executions.get(e.task_id, ()):
+                    if r.node == old and back <= r.start < back + DOUBT_MIN:
+                        detail = (
+                            f"task {e.task_id} started at {old} {r.start - back:.1f}s after its"
+                            f" restart (down {back - start:.1f}s), adopted by {adopter}"
+                        )
+                        out.append(Violation(OLD_HOME_WAITS, old, detail))
     return out
 
 

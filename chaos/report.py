@@ -19,6 +19,7 @@ from .invariants import (
     GANG_PARTIAL,
     GANG_WHOLE,
     LATE_ONCE,
+    OLD_HOME_WAITS,
     PRIORITY,
     RESTART_RERUN,
     SCALE,
@@ -73,7 +74,8 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
         f"`{GANG_WHOLE}` in the gang scenario; `{ARRAY_WHOLE}` and `{DEP_ORDER}` in the "
         f"arrays scenario; `{LATE_ONCE}` in the late-binding one; "
         + ", ".join(f"`{x}`" for x in EVERY_RUN)
-        + f" in every scenario; `{RESTART_RERUN}` where restarts are the only fault.",
+        + f" in every scenario; `{RESTART_RERUN}` where restarts are the only fault; "
+        f"`{OLD_HOME_WAITS}` where kills, restarts and losses are.",
         "",
     ]
     for r in results:

@@ -33,6 +33,7 @@ from .schedule import (
     FaultPlan,
     Plan,
     Scenario,
+    down_only,
     make_plan,
     node_labels,
     restarts_only,
@@ -605,6 +606,9 @@ class Runner:
         out += inv.check_cancelled(cancels, acked, journals)
         if restarts_only(self.sc):
             out += inv.check_no_rerun(acked, execs)
+        if down_only(self.sc):  # a node down, never cut off or frozen: node/doubt.py
+            grace = self.sc.home_grace if self.sc.home_grace is not None else 30.0
+            out += inv.check_old_home_waits(execs, journals, windows, grace)
         out += inv.check_reruns_recorded(acked, execs, journals)
         fenced = sum(
             1

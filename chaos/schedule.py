@@ -64,6 +64,12 @@ def restarts_only(sc: Scenario) -> bool:
     return set(sc.faults) | set(sc.faults2) == {"restart"}
 
 
+def down_only(sc: Scenario) -> bool:
+    """Are the scenario's faults agents down (killed, restarted, lost), none cut off or
+    frozen (which may see a live home's tasks adopted: at-least-once by design)?"""
+    return set(sc.faults) | set(sc.faults2) <= {"kill", "restart", "lose"}
+
+
 @attrs.frozen
 class FaultPlan:
     kind: str

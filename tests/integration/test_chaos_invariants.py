@@ -703,3 +703,29 @@ def test_an_array_record_succeeding_without_marks_of_its_own_is_not_unexecuted()
     b = Book("n1")
     b.run(m.TaskSpec(id="arr", argv=("x",), home="n1", array="0-1"), T0, T0 + 5)
     assert inv.check_executed([inv.Acked("arr", "n1", array="0-1")], {"n1": b.data()}, {}) == []
+
+
+def test_an_old_home_back_after_its_grace_does_not_start_what_was_adopted_from_it() -> None:
+    """node/doubt.py's promise, as chaos checks it (`old-home-waits-after-adoption`)."""
+    from chaos.schedule import down_only
+
+    E, F = inv.Execution, inv.FaultWindow
+    b = Book("n2")
+    b.events.append(
+        TransitionEvent(1, T0 + 8, "t1", "n2", "queued", "queued", "adopted from n1: x")
+    )
+    journals = {"n2": b.data()}
+    down = [F("kill", frozenset({"n1"}), T0, T0 + 12)]  # down 12 s, grace 5
+    execs = {"t1": [E("n2", 1, T0 + 9, T0 + 10)]}
+    assert inv.check_old_home_waits(execs, journals, down, 5.0) == []
+    execs["t1"].append(E("n1", 1, T0 + 13, T0 + 14))  # 1 s after its restart: in doubt
+    [v] = inv.check_old_home_waits(execs, journals, down, 5.0)
+    assert (v.invariant, v.node) == (inv.OLD_HOME_WAITS, "n1") and "adopted by n2" in v.detail
+    # a start after the doubt's least window, a shorter absence, or a pause: not checked
+    late = {"t1": [E("n1", 1, T0 + 12 + inv.DOUBT_MIN + 0.1)]}
+    assert inv.check_old_home_waits(late, journals, down, 5.0) == []
+    assert inv.check_old_home_waits(execs, journals, down, 20.0) == []
+    paused = [F("pause", frozenset({"n1"}), T0, T0 + 12)]
+    assert inv.check_old_home_waits(execs, journals, paused, 5.0) == []
+    assert down_only(find("home-loss")) and down_only(find("home-loss-restarts"))
+    assert not down_only(find("pause")) and not down_only(find("clock-skew"))
