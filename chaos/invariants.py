@@ -1346,8 +1346,9 @@ def check_old_home_waits(
     """A task adopted from its home X (an `adopted from X` move in the adopter's
     journal) does not start at X within DOUBT_MIN s of X's restart after a kill that
     kept it down for the grace or more, when the adoption came before that window's
-    end (node/doubt.py: X is in doubt about it then, whatever the notices). A start
-    later is at-least-once by design (no notice came: the adopter down, or slow)."""
+    end (node/doubt.py: X is in doubt about it then, whatever the notices), unless X
+    let it go and then took it from the adopter to run as its guest (`accepted from`
+    in X's journal). A start later is at-least-once by design (no notice came)."""
     downs: dict[str, list[tuple[float, float]]] = {}
     for f in faults:
         if f.kind == "kill" and f.end - f.start >= grace:
@@ -1362,8 +1363,13 @@ def check_old_home_waits(
             for start, back in downs.get(old, ()):
                 if not start <= e.at <= back + DOUBT_MIN:
                     continue
+                at_old = journals[old].events_of(e.task_id) if old in journals else []
                 for r in executions.get(e.task_id, ()):
-                    if r.node == old and back <= r.start < back + DOUBT_MIN:
+                    guest = any(  # it let go, and the adopter handed it back to run there
+                        x.cause.startswith("accepted from ") and back <= x.at <= r.start
+                        for x in at_old
+                    )
+                    if r.node == old and back <= r.start < back + DOUBT_MIN and not guest:
                         detail = (
                             f"task {e.task_id} started at {old} {r.start - back:.1f}s after its"
                             f" restart (down {back - start:.1f}s), adopted by {adopter}"

@@ -721,6 +721,10 @@ def test_an_old_home_back_after_its_grace_does_not_start_what_was_adopted_from_i
     execs["t1"].append(E("n1", 1, T0 + 13, T0 + 14))  # 1 s after its restart: in doubt
     [v] = inv.check_old_home_waits(execs, journals, down, 5.0)
     assert (v.invariant, v.node) == (inv.OLD_HOME_WAITS, "n1") and "adopted by n2" in v.detail
+    # run there as the adopter's guest, after letting it go: not the old home's run
+    a = Book("n1")
+    a.events.append(TransitionEvent(1, T0 + 12.5, "t1", "n1", None, "queued", "accepted from n2"))
+    assert inv.check_old_home_waits(execs, {**journals, "n1": a.data()}, down, 5.0) == []
     # a start after the doubt's least window, a shorter absence, or a pause: not checked
     late = {"t1": [E("n1", 1, T0 + 12 + inv.DOUBT_MIN + 0.1)]}
     assert inv.check_old_home_waits(late, journals, down, 5.0) == []
