@@ -426,7 +426,7 @@ def test_the_full_suite_has_a_keyed_scenario_and_newer_ones_come_after_it() -> N
     assert names[15:] == [
         "priority-preempt", "constrained", "elastic", "home-loss",
         "agent-restart", "clock-skew", "home-loss-restarts", "gangs", "arrays",
-        "late-binding", "backups",
+        "late-binding", "backups", "home-back",
     ]  # fmt: skip
     assert not any(sc.encrypted for sc in SMOKE)
 
