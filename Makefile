@@ -106,7 +106,7 @@ experiments: $(STAMP)
 	$(PY) -m swarm.cli sim all --quick --out docs/experiments/quick && exit $$rc
 
 # The chaos suite (docs/chaos.md): real agents in network namespaces (root; loopback
-# otherwise) under kills, pauses, partitions, loss (one scenario keyed); ~12-13 minutes. Writes
+# otherwise) under kills, pauses, partitions, loss (one scenario keyed); ~23 minutes. Writes
 # chaos/reports/<time>/report.{md,json} and the figures in docs/chaos.md.
 chaos: $(STAMP) sysdeps
 	@$(BYTECODE)

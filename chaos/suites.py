@@ -1,4 +1,4 @@
-"""The scenarios of each suite. `full` (make chaos) takes about 13 minutes on 2 cores;
+"""The scenarios of each suite. `full` (make chaos) takes about 23 minutes on 2 cores;
 `smoke` (make chaos-smoke, part of make test) about 40 s; `canary` is the self-test's."""
 
 from __future__ import annotations
