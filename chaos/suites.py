@@ -152,9 +152,11 @@ FULL: tuple[Scenario, ...] = (
     # queue of its own (copied elsewhere); kills of 12-16 s outlast the 5 s grace, the
     # copies' holders adopt the queued tasks, and the home comes back in doubt
     # (node/doubt.py): `old-home-waits-after-adoption` is checked here with the rest
-    _full("home-back", nodes=4, slots=1, tasks=60, bursts=6, task_seconds=(3.0, 6.0),
+    # (seed 1034 at 60 tasks + 6 bursts of 3-6 s: ~120 s of work for 4 slots, and one
+    # task, moved from queue to queue, started 110 s after its submission: past settle)
+    _full("home-back", nodes=4, slots=1, tasks=40, bursts=4, task_seconds=(2.5, 5.0),
           faults=("kill",), hold=(12.0, 16.0), gap=(6.0, 10.0), warmup=8.0,
-          drains=False, home_grace=5.0, settle=150.0,
+          drains=False, home_grace=5.0, settle=240.0,
           description="homes with queues of their own killed for longer than the grace "
           "and restarted: their copies' holders adopt the queued tasks, and a home back "
           "runs none of those again (it waits for the notices)"),
