@@ -34,6 +34,8 @@ ROOT = Path(os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or Path(__file
 sys.path.insert(0, str(ROOT))
 
 from swarm import model as m  # noqa: E402
+from swarm.cluster.succession import Notice  # noqa: E402
+from swarm.node.failover import NOTICES_PER_MESSAGE  # noqa: E402
 from swarm.node.state import Settings  # noqa: E402
 from tests.unit.node_harness import FakeNet, FakeNode  # noqa: E402
 
@@ -94,9 +96,6 @@ def timed(node: FakeNode) -> float:
 
 def timed_notices(b: FakeNode) -> float:
     """The median of TICKS notices messages from A at B, in ms."""
-    from swarm.cluster.succession import Notice
-    from swarm.node.failover import NOTICES_PER_MESSAGE
-
     ran = sorted(b.state.guest.entries)[:NOTICES_PER_MESSAGE]
     msg = tuple(Notice("B", tid, "A", 1, "B", ()) for tid in ran)
     times = []

@@ -20,6 +20,7 @@ import attrs
 from swarm import model as m
 from swarm.cluster.actor import bound_double_action as bound_double_action
 from swarm.node.backups import won_by
+from swarm.node.doubt import DOUBT_MIN
 from swarm.policy.constraints import Constraint, ConstraintError, parse_constraints, unmet
 
 from .journals import JournalData, ScaleEvent, SharesEvent, TransitionEvent
@@ -72,7 +73,6 @@ RESTART_RERUN = "restart-nothing-rerun"
 # of its tasks a peer may have adopted for DOUBT_MIN s at least: a task adopted from it
 # never starts there in that window (scenarios whose faults are kills, restarts, losses)
 OLD_HOME_WAITS = "old-home-waits-after-adoption"
-DOUBT_MIN = 10.0  # node/doubt.py's (the checks do not import the agent's code)
 
 # a task's second execution (start marks) shows in its record as a retry point (a run
 # that ended without a result: re-queued, migrating, an agent's restart)

@@ -307,3 +307,16 @@ def test_the_heartbeat_is_journaled_every_few_seconds() -> None:
     assert a.kv[ALIVE_AT] == 1001.0
     _tick(a, 1.0 + ALIVE_EVERY)
     assert a.kv[ALIVE_AT] == 1001.0 + ALIVE_EVERY
+
+
+def test_a_malformed_heartbeat_in_the_journal_counts_as_none() -> None:
+    """`alive_at` is read back from the journal: anything but a number is no heartbeat
+    (the home is then taken to have been down long: it waits, never runs twice)."""
+    from swarm.node.doubt import alive_at_of
+    from swarm.node.recovery import ALIVE_AT
+
+    assert alive_at_of({ALIVE_AT: 1100}) == 1100.0
+    assert alive_at_of({ALIVE_AT: 1100.5}) == 1100.5
+    for bad in ("1100", True, None, [1100], {"at": 1}):
+        assert alive_at_of({ALIVE_AT: bad}) is None, bad
+    assert alive_at_of({}) is None
