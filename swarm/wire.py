@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import msgpack
 
+from .model import MAX_TASK_ID_LEN, valid_task_id
+
 PROTOCOL_VERSION = 1
 MAX_FRAME = 4 * 1024 * 1024  # default limit for one frame (submit socket, RPC)
 _HEADER = struct.Struct(">I")
@@ -183,8 +185,6 @@ class Fields:
         self, key: builtins.str, default: Any = None, *, required: builtins.bool = False
     ) -> Any:
         """A task id: never a path, never "." or "..", bounded (model.valid_task_id)."""
-        from .model import MAX_TASK_ID_LEN, valid_task_id
-
         v = self.str(key, default, required=required, max_len=MAX_TASK_ID_LEN)
         if not required and v == default:
             return v
@@ -313,6 +313,8 @@ class Fields:
             ) from None
 
     def done(self) -> None:
+        if self.obj.keys() <= self.seen:  # the common case, without building a set
+            return
         unknown = sorted(set(self.obj) - self.seen)
         if unknown:
             raise SchemaError(f"{self.what}: unknown field(s) {', '.join(map(repr, unknown))}")
