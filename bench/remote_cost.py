@@ -17,13 +17,24 @@ placed remotely. Prints, for each `--replicas` setting given (the home's
 Settings are run in the order given, then again in reverse (`--rounds 2`), so the VM's
 drift falls on each. Writes bench/results/remote_cost.json.
 
+Where the agents' files live changes the runners' kernel time. This VM's disk is ext4
+without a journal, where each inode allocation (two log files per task) steps over the
+inodes freed in the last 1-6 minutes (`recently_deleted`, fs/ext4/ialloc.c): the
+earlier runs' clean-up and test suites then add up to ~1 ms per task. `--fs ext4` (or
+`ext4-nojournal`, this VM's kind) runs each setting on a new loop-mounted file system
+of that kind (root, mkfs.ext4), made in `--dir` and removed after: the figure then
+depends on the code, not on what the disk did before.
+
     python bench/remote_cost.py [--tasks 2000] [--workers 2] [--replicas 2,1]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -128,6 +139,32 @@ def one(
             a.stop()
 
 
+FS_KINDS = ("dir", "ext4", "ext4-nojournal")
+
+
+@contextlib.contextmanager
+def fresh_fs(kind: str, under: Path) -> Any:
+    """A directory for one run: `under` itself ("dir"), or the root of a new ext4 file
+    system (4 GiB sparse image in `under`, loop-mounted), unmounted and removed after."""
+    if kind == "dir":
+        yield under
+        return
+    if os.geteuid() != 0:
+        raise SystemExit(f"--fs {kind} needs root (mount)")
+    with tempfile.TemporaryDirectory(prefix="swrc-fs-", dir=under) as tmp:
+        image, mnt = Path(tmp) / "fs.img", Path(tmp) / "mnt"
+        mnt.mkdir()
+        with image.open("wb") as f:
+            f.truncate(4 << 30)
+        features = ["-O", "^has_journal"] if kind == "ext4-nojournal" else []
+        subprocess.run(["mkfs.ext4", "-q", "-F", *features, str(image)], check=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
+        try:
+            yield mnt
+        finally:
+            subprocess.run(["umount", str(mnt)], check=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=2000)
@@ -138,20 +175,27 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=CLIENTS, help="client threads submitting")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "remote_cost.json")
     ap.add_argument("--dir", default="/tmp", help="where the agents' data directories go")
+    ap.add_argument(
+        "--fs",
+        choices=FS_KINDS,
+        default="dir",
+        help="the agents' files in --dir itself, or on a new file system per run (root)",
+    )
     args = ap.parse_args()
     settings = [int(x) for x in args.replicas.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="swrc-", dir=args.dir) as tmp:
         for r in range(args.rounds):
             for k, rep in enumerate(settings if r % 2 == 0 else settings[::-1]):
-                row = one(
-                    Path(tmp) / f"r{r}-{k}",
-                    args.tasks,
-                    args.workers,
-                    rep,
-                    args.task.split(),
-                    args.clients,
-                )
+                with fresh_fs(args.fs, Path(tmp)) as where:
+                    row = one(
+                        where / f"r{r}-{k}",
+                        args.tasks,
+                        args.workers,
+                        rep,
+                        args.task.split(),
+                        args.clients,
+                    )
                 rows.append(row)
                 print(
                     f"replicas {rep}: {row['submitted_per_s']:.0f} submitted/s"
@@ -172,6 +216,7 @@ def main() -> None:
             "workers": args.workers,
             "task": args.task,
             "clients": args.clients,
+            "fs": args.fs,
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
