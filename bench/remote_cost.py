@@ -12,7 +12,8 @@ placed remotely. Prints, for each `--replicas` setting given (the home's
   at the home and at the runners together, from the first submission until every
   task ended;
 - the copies' messages (hold, runner, release) the home sent per task, and the
-  batches (RPCs) they went in.
+  batches (RPCs) they went in;
+- journal operations and commits per task, at the home and at the runners together.
 
 Settings are run in the order given, then again in reverse (`--rounds 2`), so the VM's
 drift falls on each. Writes bench/results/remote_cost.json.
@@ -60,6 +61,13 @@ def _cpu(a: LocalAgent) -> float:
     return t.user + t.system
 
 
+def _journal(a: LocalAgent) -> tuple[int, int]:
+    """The agent's journal operations and commits so far (`swarm info`)."""
+    with a.client() as c:
+        info = c.info()
+    return int(info["journal_ops"]), int(info["journal_commits"])
+
+
 def _sys(a: LocalAgent) -> float:
     """The kernel's share of `_cpu` (fork/exec, cgroup files, sockets, the journal)."""
     assert a.proc is not None
@@ -91,6 +99,7 @@ def one(
             else:
                 raise SystemExit("cluster did not converge")
         time.sleep(2)  # the members' first reports and replica choices settle
+        j0 = [_journal(a) for a in (home, *runners)]
         home0, run0 = _cpu(home), sum(_cpu(r) for r in runners)
         hsys0, rsys0 = _sys(home), sum(_sys(r) for r in runners)
         ids: list[str] = []
@@ -114,6 +123,7 @@ def one(
         ended = time.time() - t0  # the last task's end known at its home (or a bit after)
         with home.client() as c:
             counted = c.info()["coordinator"]
+        j1 = [_journal(a) for a in (home, *runners)]
         n = len(ids)
         ok = sum(1 for r in records if r["state"] == "succeeded")
         remote = sum(1 for r in records if r["node"] != "home")
@@ -133,6 +143,16 @@ def one(
             # the copies' traffic (issue 23): messages and batches from the home
             "replica_msgs_per_task": counted.get("replica_msgs", 0) / n,
             "replica_rpcs_per_task": counted.get("replica_rpcs", 0) / n,
+            # journal operations and commits (transactions) per task: the home's, then
+            # the runners' together
+            "journal_ops_per_task": [
+                (j1[0][0] - j0[0][0]) / n,
+                sum(b[0] - a[0] for a, b in zip(j0[1:], j1[1:], strict=True)) / n,
+            ],
+            "journal_commits_per_task": [
+                (j1[0][1] - j0[0][1]) / n,
+                sum(b[1] - a[1] for a, b in zip(j0[1:], j1[1:], strict=True)) / n,
+            ],
         }
     finally:
         for a in [home, *runners]:
@@ -206,6 +226,11 @@ def main() -> None:
                     f" (kernel {row['runners_sys_ms_per_task']:.2f});"
                     f" copy messages {row['replica_msgs_per_task']:.2f} per task"
                     f" in {row['replica_rpcs_per_task']:.2f} batches;"
+                    " journal ops (commits) per task: home"
+                    f" {row['journal_ops_per_task'][0]:.2f}"
+                    f" ({row['journal_commits_per_task'][0]:.2f}), runners"
+                    f" {row['journal_ops_per_task'][1]:.2f}"
+                    f" ({row['journal_commits_per_task'][1]:.2f});"
                     f" {row['remote']}/{row['tasks']} remote, {row['succeeded']} succeeded",
                     flush=True,
                 )
