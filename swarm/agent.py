@@ -190,6 +190,8 @@ class Agent:
                 await nursery.start(self.runner.run)
                 await nursery.start(self.coord.run)
                 await nursery.start(self.migrator.run)
+                # what recovery wrote (ends too) is on disk before a wait is answered
+                await self.journal.commit([], must_land=True)
                 # the peer RPC routes, once the parts that answer have started
                 self.cluster.rpc.update(peer_routes(self.coord, self.migrator, self.ops))
                 await nursery.start(self.retention.run)

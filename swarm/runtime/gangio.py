@@ -121,7 +121,10 @@ class GangIO:
             return
         why = self.runner.start_now(t)
         if why is not None:
-            failed = self.table.change(t.id, m.TaskState.FAILED, f"cannot start: {why}")
+            # a wait answers this end once it is written, as any other (tasks.py)
+            failed = self.table.end_now(
+                t.id, m.TaskState.FAILED, f"cannot start: {why}", self._spawn
+            )
             self.on_finished(failed)
 
     def gang_plan(self, task: m.Task, plan: ProcessPlan) -> ProcessPlan:

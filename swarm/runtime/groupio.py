@@ -52,7 +52,7 @@ class GroupIO:
         elif mine and t.spec.array:
             self.array_submitted(t.id)
         elif t.spec.member is not None and t.state is S.QUEUED:
-            self.table.change(t.id, S.FAILED, "not started: its agent restarted")
+            self.table.end_now(t.id, S.FAILED, "not started: its agent restarted", self._spawn)
         else:
             return False
         return True

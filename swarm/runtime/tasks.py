@@ -9,7 +9,7 @@ hear of them, so a client never sees a result the journal could forget.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import trio
@@ -115,6 +115,33 @@ class TaskTable:
         new = self._apply(task_id, dst, cause, **kw)
         self.journal.enqueue([PutTask(new)])
         self._wake(task_id)
+        return new
+
+    def end_now(
+        self,
+        task_id: m.TaskId,
+        dst: m.TaskState,
+        cause: str,
+        spawn: Callable[[Callable[[], Awaitable[None]]], None],
+    ) -> m.Task:
+        """End a task now, from code that cannot await (a start refused, a member found
+        at start-up): the record changes in memory at once, as with `change`, so
+        nothing starts it meanwhile; its write goes in a task `spawn` starts, and a
+        wait answers the end once that write is on disk (as `change_durably`), never
+        from memory before it: what a wait reports survives a crash."""
+        new = self._apply(task_id, dst, cause)
+        ids = {task_id} - self._writing  # (one already marked: its writer wakes it)
+        self._writing |= ids
+
+        async def write() -> None:
+            try:
+                await self.journal.commit([PutTask(new)], must_land=True)
+            finally:
+                self._writing -= ids
+                for tid in ids:
+                    self._wake(tid)
+
+        spawn(write)
         return new
 
     async def change_durably(
