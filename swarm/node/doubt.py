@@ -9,7 +9,8 @@ even rejoined: it ran a task that its replica had adopted and run already (the
 restart's notices stopped the second run only when they came first; at-least-once).
 
 So a home that restarts after an absence of `grace` or more (by its own clock: the
-last `alive_at` it journaled, every ALIVE_EVERY seconds, against now) is in doubt about
+last `alive_at` it journaled, every ALIVE_EVERY seconds while it has an active task,
+against now) is in doubt about
 each of its tasks that someone could have taken over, those the succession core holds
 as ours (copies elsewhere, or held elsewhere): it places none of them for
 max(grace, DOUBT_MIN) seconds, or until a notice makes it let the task go. The others,
@@ -121,7 +122,12 @@ class RestartDoubt:
         """At each failover tick: the heartbeat, and the placements the doubt held back
         once it is over (or the task let go: then nothing)."""
         out: list[ev.Instruction] = []
-        if wall >= self.alive_written + ALIVE_EVERY or wall < self.alive_written:
+        # only while some task is active here: with none there is nothing a restart
+        # could doubt, and an idle agent writes nothing (its disk may sleep). A crash
+        # just after the first task came, before the next tick, reads the old beat:
+        # a long absence, so the restart waits (the safe side)
+        stale = wall >= self.alive_written + ALIVE_EVERY or wall < self.alive_written
+        if stale and self.records.active:
             self.alive_written = wall
             out.append(ev.Persist((ev.Put(ALIVE_AT, wall),)))
         if self.deferred:

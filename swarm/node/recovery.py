@@ -13,7 +13,8 @@ Keys (the task records themselves are rows of their own, not keys):
   globals      the global-task set (a CRDT, also gossiped)
   shares, undrain_shares   this node's shares and what an undrain gives back (shares.py)
   marr:<id>    a migrated task's arrival record (moves.py)
-  alive_at     wall time of this agent's last heartbeat: how long it was down (doubt.py)
+  alive_at     wall time of this agent's last heartbeat (while a task was active): how
+               long it was down (doubt.py)
 """
 
 from __future__ import annotations

@@ -296,17 +296,25 @@ def test_a_task_nobody_could_take_over_is_placed_at_once_after_a_long_absence() 
     assert "t1" in a.queue
 
 
-def test_the_heartbeat_is_journaled_every_few_seconds() -> None:
+def test_the_heartbeat_is_journaled_every_few_seconds_while_a_task_is_active() -> None:
     from swarm.node.doubt import ALIVE_EVERY
     from swarm.node.recovery import ALIVE_AT
 
     (a,) = _nodes("A")
     _tick(a, 1.0)
-    assert a.kv[ALIVE_AT] == 1001.0
-    _tick(a, 1.0 + ALIVE_EVERY / 2)
-    assert a.kv[ALIVE_AT] == 1001.0
-    _tick(a, 1.0 + ALIVE_EVERY)
-    assert a.kv[ALIVE_AT] == 1001.0 + ALIVE_EVERY
+    assert ALIVE_AT not in a.kv  # idle: nothing a restart could doubt, no write
+    a.submit(m.TaskSpec(id="t1", argv=("x",)))
+    _tick(a, 2.0)
+    assert a.kv[ALIVE_AT] == 1002.0
+    _tick(a, 2.0 + ALIVE_EVERY / 2)
+    assert a.kv[ALIVE_AT] == 1002.0
+    _tick(a, 2.0 + ALIVE_EVERY)
+    assert a.kv[ALIVE_AT] == 1002.0 + ALIVE_EVERY
+    a.run_here("t1")
+    assert a.try_start("t1", wall=1009.0) is None
+    a.finish("t1", wall=1010.0)
+    _tick(a, 2.0 + 3 * ALIVE_EVERY)
+    assert a.kv[ALIVE_AT] == 1002.0 + ALIVE_EVERY  # idle again: the last beat stays
 
 
 def test_a_malformed_heartbeat_in_the_journal_counts_as_none() -> None:
