@@ -432,7 +432,32 @@ def test_a_16_slot_node_takes_about_4_times_the_work_of_a_4_slot_node(where: Whe
     assert set(where_ran) <= {"w1", "w2"}, where_ran
     ratio = where_ran["w1"] / max(1, where_ran["w2"])
     print(f"400 x sleep 0.5 on rack r1 in {took:.1f}s: {dict(where_ran)}, ratio {ratio:.2f}")
-    assert 2.5 <= ratio <= 6, (ratio, where_ran)
+    if not 2.5 <= ratio <= 6:
+        # say why (a make test at 93cbc40+ saw 0.76 in 31.9 s once, under the other
+        # lanes; alone and in its module it gives 4.0): who placed, refused and moved
+        moved = Counter(str(h["cause"]) for t in tasks for h in t["history"] if _transferred(h))
+        firsts = Counter(
+            next((h["node"] for h in t["history"] if h["dst"] == "queued" and h["node"] != "w3"),
+                 "?")
+            for t in tasks
+        )  # fmt: skip
+        counters = {}
+        for name in ("w1", "w2", "w3"):
+            with where[name].client() as c:
+                info = c.info()
+            co = info["coordinator"]
+            counters[name] = {
+                k: co.get(k)
+                for k in ("placements", "offers_refused", "offers_failed",
+                          "transfers_pushed", "transfers_stolen")
+            }  # fmt: skip
+        sample = [tid for tid, t in zip(ids, tasks, strict=True) if ran_on(t)[-1] == "w2"][:2]
+        why = [d.get("outcome") for tid in sample for d in explain(entry, tid)[-3:]]
+        raise AssertionError(
+            f"ratio {ratio:.2f} {dict(where_ran)} in {took:.1f}s; first queued at"
+            f" {dict(firsts)}; transfers {dict(moved.most_common(4))}; counters {counters};"
+            f" w3's last decisions on 2 tasks that ran on w2: {why}"
+        )
 
 
 # ------------------------------------------------------------------ 3. working directory
