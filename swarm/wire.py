@@ -19,8 +19,6 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from .model import MAX_TASK_ID_LEN, valid_task_id
-
 PROTOCOL_VERSION = 1
 MAX_FRAME = 4 * 1024 * 1024  # default limit for one frame (submit socket, RPC)
 _HEADER = struct.Struct(">I")
@@ -185,6 +183,11 @@ class Fields:
         self, key: builtins.str, default: Any = None, *, required: builtins.bool = False
     ) -> Any:
         """A task id: never a path, never "." or "..", bounded (model.valid_task_id)."""
+        # imported here: a module-level import made every `swarm` CLI call import
+        # model and attrs (26 -> 78 ms to import swarm.cli, stop 48); the agent pays
+        # a sys.modules lookup per call, which no benchmark could tell apart
+        from .model import MAX_TASK_ID_LEN, valid_task_id
+
         v = self.str(key, default, required=required, max_len=MAX_TASK_ID_LEN)
         if not required and v == default:
             return v

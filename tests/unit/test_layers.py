@@ -170,3 +170,15 @@ def test_sizes_stay_within_the_bounds_of_issue_18() -> None:
         if isinstance(c, ast.ClassDef) and (c.end_lineno or 0) - c.lineno + 1 > 400
     ]
     assert classes == []
+
+
+def test_the_cli_stays_thin_for_a_submission() -> None:
+    """`swarm submit` is started once per task by scripts: importing the CLI must not
+    pull in the model and attrs (wire.Fields.task_id imports model when called; at
+    module level it made `import swarm.cli` 26 -> 78 ms, stop 48)."""
+    import subprocess
+    import sys
+
+    code = "import sys, swarm.cli; print('swarm.model' in sys.modules, 'attrs' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout
