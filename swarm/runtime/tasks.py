@@ -130,16 +130,13 @@ class TaskTable:
         wait answers the end once that write is on disk (as `change_durably`), never
         from memory before it: what a wait reports survives a crash."""
         new = self._apply(task_id, dst, cause)
-        ids = {task_id} - self._writing  # (one already marked: its writer wakes it)
-        self._writing |= ids
+        ids = self._mark_writing([task_id])  # now: before the write task even runs
 
         async def write() -> None:
             try:
                 await self.journal.commit([PutTask(new)], must_land=True)
             finally:
-                self._writing -= ids
-                for tid in ids:
-                    self._wake(tid)
+                self._written(ids)
 
         spawn(write)
         return new
@@ -198,14 +195,24 @@ class TaskTable:
         """These records, applied in memory, are being written: a wait answers an end
         among them once the write is on disk (then they are woken; a failed write
         wakes them too, and they answer from memory)."""
-        ids = set(task_ids) - self._writing  # (one already marked: its writer wakes it)
-        self._writing |= ids
+        ids = self._mark_writing(task_ids)
         try:
             yield
         finally:
-            self._writing -= ids
-            for tid in ids:
-                self._wake(tid)
+            self._written(ids)
+
+    def _mark_writing(self, task_ids: Iterable[m.TaskId]) -> set[m.TaskId]:
+        """Mark these records as being written; the ones this call marked (one already
+        marked: its writer wakes it)."""
+        ids = set(task_ids) - self._writing
+        self._writing |= ids
+        return ids
+
+    def _written(self, ids: set[m.TaskId]) -> None:
+        """Their write is over (landed or failed): waits on them answer now."""
+        self._writing -= ids
+        for tid in ids:
+            self._wake(tid)
 
     def wake(self, task_id: m.TaskId) -> None:
         """Whoever waits on this task looks again (its record changed)."""
