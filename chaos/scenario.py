@@ -34,6 +34,7 @@ from .schedule import (
     Plan,
     Scenario,
     down_only,
+    home_grace,
     make_plan,
     node_labels,
     restarts_only,
@@ -378,7 +379,7 @@ class Runner:
         # was down when the home died hears of that death only UNHEARD_AFTER after it
         # rejoins, then waits REPLICA_WAIT graces (home-loss at seed 1018: adopted 0.5 s
         # after the harness gave up on it as lost)
-        grace = self.sc.home_grace if self.sc.home_grace is not None else 30.0
+        grace = home_grace(self.sc)
         adoption = int(UNHEARD_AFTER + REPLICA_WAIT * grace) + 5
         patience = {p: 10 + (adoption if p[1] == ANY else 0) for p in pending}
         while time.monotonic() - t0 < self.sc.settle:
@@ -616,8 +617,7 @@ class Runner:
         if restarts_only(self.sc):
             out += inv.check_no_rerun(acked, execs)
         if down_only(self.sc):  # a node down, never cut off or frozen: node/doubt.py
-            grace = self.sc.home_grace if self.sc.home_grace is not None else 30.0
-            out += inv.check_old_home_waits(execs, journals, windows, grace)
+            out += inv.check_old_home_waits(execs, journals, windows, home_grace(self.sc))
         out += inv.check_reruns_recorded(acked, execs, journals)
         fenced = sum(
             1

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import attrs
 
+from swarm.node.state import Settings
+
 
 @attrs.frozen
 class Scenario:
@@ -62,6 +64,11 @@ class Scenario:
 def restarts_only(sc: Scenario) -> bool:
     """Are agent restarts (SIGTERM, a new run at once) the scenario's only faults?"""
     return set(sc.faults) | set(sc.faults2) == {"restart"}
+
+
+def home_grace(sc: Scenario) -> float:
+    """The agents' --home-grace in this scenario (theirs by default)."""
+    return sc.home_grace if sc.home_grace is not None else Settings().home_grace
 
 
 def down_only(sc: Scenario) -> bool:
