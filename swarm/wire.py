@@ -14,7 +14,7 @@ import builtins
 import math
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import msgpack
@@ -138,6 +138,16 @@ class FrameDecoder:
 # --------------------------------------------------------------- field checks
 
 
+def _all_str(items: Iterable[Any]) -> bool:
+    """Is every item a string? (`str.join` checks in C: a task's environment, dozens of
+    strings, is read at its home, its runner and each copy; issue 23)"""
+    try:
+        "".join(items)
+    except TypeError:
+        return False
+    return True
+
+
 class Fields:
     """Strict reader for one decoded map: typed getters, unknown keys rejected.
 
@@ -153,11 +163,12 @@ class Fields:
 
     def _get(self, key: builtins.str, default: Any, required: builtins.bool) -> Any:
         self.seen.add(key)
-        if key not in self.obj or self.obj[key] is None:
+        v = self.obj.get(key)
+        if v is None:
             if required:
                 raise SchemaError(f"{self.what}: missing field {key!r}")
             return default
-        return self.obj[key]
+        return v
 
     def _bad(self, key: builtins.str, want: builtins.str, got: Any) -> SchemaError:
         return SchemaError(f"{self.what}: field {key!r} must be {want}, got {got!r:.60}")
@@ -258,7 +269,7 @@ class Fields:
         self, key: builtins.str, *, required: builtins.bool = False, max_items: builtins.int = 4096
     ) -> builtins.list[builtins.str]:
         v = self._get(key, [], required)
-        if not isinstance(v, (list, tuple)) or not all(isinstance(x, builtins.str) for x in v):
+        if not isinstance(v, (list, tuple)) or not _all_str(v):
             raise self._bad(key, "a list of strings", v)
         if len(v) > max_items:
             raise SchemaError(f"{self.what}: field {key!r} has more than {max_items} items")
@@ -268,9 +279,7 @@ class Fields:
         self, key: builtins.str, *, max_items: builtins.int = 4096
     ) -> builtins.dict[builtins.str, builtins.str]:
         v = self._get(key, {}, False)
-        if not isinstance(v, dict) or not all(
-            isinstance(k, builtins.str) and isinstance(x, builtins.str) for k, x in v.items()
-        ):
+        if not isinstance(v, dict) or not (_all_str(v) and _all_str(v.values())):
             raise self._bad(key, "a map of strings to strings", v)
         if len(v) > max_items:
             raise SchemaError(f"{self.what}: field {key!r} has more than {max_items} items")

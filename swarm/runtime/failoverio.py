@@ -195,9 +195,12 @@ class FailoverIO:
             if await self._replica_rpc(node, msg):
                 chosen.append(node)
 
-        async with trio.open_nursery() as n:
-            for node in candidates[:k]:
-                n.start_soon(one, node)
+        if k == 1:  # the usual case: no nursery and no task of its own (issue 23)
+            await one(candidates[0])
+        else:
+            async with trio.open_nursery() as n:
+                for node in candidates[:k]:
+                    n.start_soon(one, node)
         for node in candidates[k:]:
             if len(chosen) >= k:
                 break
@@ -222,19 +225,20 @@ class FailoverIO:
             return False
         return await self.replica_outbox.send(node, msg)
 
-    async def _send_replica(self, i: ev.SendReplica) -> None:
+    def _send_replica(self, i: ev.SendReplica) -> None:
         """A replica message owed by the reconciling tick; answered: the state notes
         it; not: the next tick sends it again (one in flight per message)."""
         key = (i.dest, i.msg.task_id, i.msg.kind, i.msg.runner)
-        if key in self._replica_inflight:
+        if key in self._replica_inflight or self.cluster is None:
             return
         self._replica_inflight.add(key)
-        try:
-            ok = await self._replica_rpc(i.dest, i.msg)
-        finally:
+
+        def answered(ok: bool) -> None:
             self._replica_inflight.discard(key)
-        if ok:
-            self.run_inline(self.state.replica_acked(i.dest, i.msg))
+            if ok:
+                self.run_inline(self.state.replica_acked(i.dest, i.msg))
+
+        self.replica_outbox.post(i.dest, i.msg, answered)
 
     async def rpc_replica(
         self, req: dict[str, Any], sender: m.NodeId, stream: Any
