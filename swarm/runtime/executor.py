@@ -89,6 +89,17 @@ class ProcessResult:
         return self.spawn_error is None and self.exit_code == 0 and self.signal is None
 
 
+_DEVNULL: list[int] = []
+
+
+def _devnull() -> int:
+    """/dev/null, opened once for every task's stdin (subprocess.DEVNULL opens and
+    closes it at each start); close-on-exec here, dup'ed onto the child's fd 0."""
+    if not _DEVNULL:
+        _DEVNULL.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
+    return _DEVNULL[0]
+
+
 def kill_group(pgid: int, sig: int) -> bool:
     """Signal a whole process group; False if it no longer exists."""
     try:
@@ -384,7 +395,7 @@ class Executor:
         if plan.umask is not None:
             kwargs["umask"] = plan.umask
         kwargs.update(
-            stdin=subprocess.DEVNULL,
+            stdin=_devnull(),
             stdout=out,
             stderr=err,
             env=env,
