@@ -11,6 +11,9 @@ placed remotely. Prints, for each `--replicas` setting given (the home's
 - the agents' CPU (user + system of the agent processes, not the tasks') per task,
   at the home and at the runners together, from the first submission until every
   task ended;
+- the CPU of the runners' reaped children per task: the tasks' supervisors
+  (swarm-shim) and the tasks themselves; not agent CPU, shown so that work moved from
+  an agent into its shims (the cgroup joins, stop 49) is seen;
 - the copies' messages (hold, runner, release) the home sent per task, and the
   batches (RPCs) they went in;
 - journal operations and commits per task, at the home and at the runners together.
@@ -68,6 +71,14 @@ def _journal(a: LocalAgent) -> tuple[int, int]:
     return int(info["journal_ops"]), int(info["journal_commits"])
 
 
+def _children(a: LocalAgent) -> float:
+    """CPU of the agent's reaped children: each task's supervisor (swarm-shim) with the
+    task itself, which the shim reaps (not agent CPU; shows what moved out of it)."""
+    assert a.proc is not None
+    t = psutil.Process(a.proc.pid).cpu_times()
+    return t.children_user + t.children_system
+
+
 def _sys(a: LocalAgent) -> float:
     """The kernel's share of `_cpu` (fork/exec, cgroup files, sockets, the journal)."""
     assert a.proc is not None
@@ -102,6 +113,7 @@ def one(
         j0 = [_journal(a) for a in (home, *runners)]
         home0, run0 = _cpu(home), sum(_cpu(r) for r in runners)
         hsys0, rsys0 = _sys(home), sum(_sys(r) for r in runners)
+        kids0 = sum(_children(r) for r in runners)
         ids: list[str] = []
 
         def submit(k: int) -> None:
@@ -140,6 +152,8 @@ def one(
             "runners_cpu_ms_per_task": (sum(_cpu(r) for r in runners) - run0) / n * 1000,
             "home_sys_ms_per_task": (_sys(home) - hsys0) / n * 1000,
             "runners_sys_ms_per_task": (sum(_sys(r) for r in runners) - rsys0) / n * 1000,
+            # the shims and the tasks at the runners (reaped by the end: every task ended)
+            "children_cpu_ms_per_task": (sum(_children(r) for r in runners) - kids0) / n * 1000,
             # the copies' traffic (issue 23): messages and batches from the home
             "replica_msgs_per_task": counted.get("replica_msgs", 0) / n,
             "replica_rpcs_per_task": counted.get("replica_rpcs", 0) / n,
@@ -224,6 +238,7 @@ def main() -> None:
                     f" (kernel {row['home_sys_ms_per_task']:.2f}),"
                     f" runners {row['runners_cpu_ms_per_task']:.2f} ms"
                     f" (kernel {row['runners_sys_ms_per_task']:.2f});"
+                    f" shims + tasks {row['children_cpu_ms_per_task']:.2f} ms;"
                     f" copy messages {row['replica_msgs_per_task']:.2f} per task"
                     f" in {row['replica_rpcs_per_task']:.2f} batches;"
                     " journal ops (commits) per task: home"
