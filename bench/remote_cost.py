@@ -13,7 +13,7 @@ placed remotely. Prints, for each `--replicas` setting given (the home's
   task ended;
 - the CPU of the runners' reaped children per task: the tasks' supervisors
   (swarm-shim) and the tasks themselves; not agent CPU, shown so that work moved from
-  an agent into its shims (the cgroup joins, stop 49) is seen;
+  an agent into its shims is seen (stop 49 tried moving the cgroup joins there);
 - the copies' messages (hold, runner, release) the home sent per task, and the
   batches (RPCs) they went in;
 - journal operations and commits per task, at the home and at the runners together.

@@ -333,48 +333,6 @@ class Executor:
             if logs is not None:
                 close_logs(logs)
             return ProcessResult(None, None, cancelled=True)
-        report: tuple[int, int] | None = None
-        joins: tuple[Path, ...] = ()
-        if self._shim_joins(plan):
-            assert plan.status_dir is not None
-            try:
-                report = self._shim_start(plan.status_dir, plan.lease, plan.status_ready)
-            except OSError:
-                pass  # as below: the shim's own start says why, or none is used
-            else:
-                joins = plan.cgroup_procs
-                plan = attrs.evolve(plan, cgroup_procs=(), cgroup_threads=())
-        try:
-            spawn = self._prepare_spawn(plan, logs, report, joins)
-        except BaseException:
-            if report is not None:
-                os.close(report[0])
-                os.close(report[1])
-            raise
-        if isinstance(spawn, ProcessResult) and report is not None:
-            os.close(report[0])
-            os.close(report[1])
-        return spawn
-
-    def _shim_joins(self, plan: ProcessPlan) -> bool:
-        """Does the task's shim join its cgroups (swarm_shim.c `--cgroup`)? Wherever it
-        is used: one write per hierarchy, by the shim, in place of four by the agent
-        (its starting thread in and back out of each hierarchy, issue 23) or of a
-        /bin/sh wrapper (cgroup v2, or a start through swarm-exec)."""
-        return (
-            bool(plan.cgroup_procs)
-            and self.shim is not None
-            and plan.status_dir is not None
-            and (not switches_user(plan) or (self.exec_helper is not None and plan.gid is not None))
-        )
-
-    def _prepare_spawn(
-        self,
-        plan: ProcessPlan,
-        logs: OpenLogs | None,
-        report: tuple[int, int] | None,
-        joins: tuple[Path, ...],
-    ) -> Spawn | ProcessResult:
         try:
             out, err = logs if logs is not None else open_logs(plan.stdout, plan.stderr)
         except OSError as e:
@@ -407,6 +365,7 @@ class Executor:
             switch = UserSwitch(plan)
             argv = list(plan.argv)
             kwargs = {"preexec_fn": switch.preexec}
+        report: tuple[int, int] | None = None
         if plan.lease is not None and (
             self.shim is None or plan.status_dir is None or switch is not None
         ):
@@ -417,11 +376,7 @@ class Executor:
                 switch.close()
             why = "--at-most-once needs the task supervisor (swarm-shim), not available here"
             return ProcessResult(None, None, spawn_error=why)
-        if report is not None:
-            assert self.shim is not None and plan.status_dir is not None and switch is None
-            argv = shimmod.argv(self.shim, report[1], plan.status_dir, argv, joins)
-            kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), report[1])
-        elif self.shim is not None and plan.status_dir is not None and switch is None:
+        if self.shim is not None and plan.status_dir is not None and switch is None:
             try:
                 report = self._shim_start(plan.status_dir, plan.lease, plan.status_ready)
             except OSError as e:

@@ -9,16 +9,10 @@ directory, and is the "still running / exited N" a restarted agent asks. A resta
 
 The protocol, all of it (swarm_shim.c says the same from its side):
 
-- The agent runs `swarm-shim REPORT_FD STATUS_DIR [--cgroup FILE]... -- ARGV...`
-  (`argv`) with Popen(start_new_session=True), exactly as it starts a task
-  (environment, cwd, umask, stdin/stdout/stderr, the task's own pass_fds) plus
-  REPORT_FD, the write end of a pipe, which the agent closes at once on its side.
-- The shim first joins each `--cgroup` (the task group's `cgroup.procs` in each
-  hierarchy: it writes its own pid), so that the task is born in its groups, as is
-  the shim itself (issue 23: one write per hierarchy in the shim, instead of four in
-  the agent's starting thread, in and back out, or a /bin/sh wrapper). One that
-  fails is reported as `error <errno> cannot put the process in its cgroup: ...` and
-  starts nothing.
+- The agent runs `swarm-shim REPORT_FD STATUS_DIR -- ARGV...` (`argv`) with
+  Popen(start_new_session=True), exactly as it starts a task (environment, cwd,
+  umask, stdin/stdout/stderr, the task's own pass_fds) plus REPORT_FD, the write end
+  of a pipe, which the agent closes at once on its side.
 - The shim forks the task into its own process group (pgid = the task's pid, which
   the agent signals as today: the shim is never in it) and writes one line on the
   pipe (`read_report`): `started <taskpid>`, `failed <errno> <strerror>` (the exec
@@ -152,23 +146,14 @@ def build(bin_dir: Path) -> Path:
     return build_program(SOURCE, "swarm-shim", bin_dir)
 
 
-def argv(
-    shim: Path,
-    report_fd: int,
-    status_dir: Path,
-    task_argv: Sequence[str],
-    cgroups: Sequence[Path] = (),
-) -> list[str]:
+def argv(shim: Path, report_fd: int, status_dir: Path, task_argv: Sequence[str]) -> list[str]:
     """The command line that starts `task_argv` under the shim. `report_fd` is the write
-    end of a pipe that the Popen passes (pass_fds) and the agent then closes.
-    `cgroups`: the task's `cgroup.procs` files, which the shim joins before it forks
-    the task (the agent's paths, never the submitter's)."""
+    end of a pipe that the Popen passes (pass_fds) and the agent then closes."""
     if report_fd < 3:
         raise ValueError("the report fd must not be 0, 1 or 2")
     if not task_argv:
         raise ValueError("no command")
-    joins = [x for p in cgroups for x in ("--cgroup", str(p))]
-    return [str(shim), str(report_fd), str(status_dir), *joins, "--", *task_argv]
+    return [str(shim), str(report_fd), str(status_dir), "--", *task_argv]
 
 
 async def read_report(fd: int, timeout: float = REPORT_TIMEOUT) -> int:

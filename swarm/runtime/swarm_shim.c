@@ -1,17 +1,14 @@
 /*
  * swarm-shim: the per-task supervisor that outlives the agent (swarm/runtime/shim.py).
  *
- *   swarm-shim REPORT_FD STATUS_DIR [--cgroup FILE]... -- ARGV...
+ *   swarm-shim REPORT_FD STATUS_DIR -- ARGV...
  *
  * The agent starts it exactly as it would start the task (same environment, working
  * directory, umask, log files as stdout/stderr, its own session), with REPORT_FD the
  * write end of a pipe (>= 3) among the descriptors it passes. The shim:
  *   1. ignores every signal it can (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE, the
  *      job-control ones and the rest) except SIGCHLD: only SIGKILL ends it early;
- *   2. opens STATUS_DIR (the task's state directory), joins each --cgroup FILE (the
- *      task group's cgroup.procs in each hierarchy: writes its own pid there, so that
- *      the task is born in its groups; one that fails is reported as an "error" and
- *      recorded as a fork failure is, below), then forks the task: in the
+ *   2. opens STATUS_DIR (the task's state directory), then forks the task: in the
  *      child, default dispositions, an empty signal mask, its own process group
  *      (pgid = its pid, so that the agent's signals to the task's group never reach
  *      the shim), REPORT_FD closed, then exec of ARGV searched in the PATH of its
@@ -177,21 +174,6 @@ static int wait_leader(pid_t pid, int dirfd, long long deadline, siginfo_t *si, 
     return fenced;
 }
 
-/* Move this process into a cgroup: its pid into the group's cgroup.procs. */
-static int join_cgroup(const char *procs) {
-    int fd = open(procs, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    char buf[32];
-    int n = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
-    ssize_t w;
-    do w = write(fd, buf, (size_t)n);
-    while (w < 0 && errno == EINTR);
-    int err = w == n ? 0 : (w < 0 ? errno : EIO);
-    close(fd);
-    errno = err;
-    return err ? -1 : 0;
-}
-
 static void set_all_signals(void (*how)(int)) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -297,10 +279,8 @@ static int mirror(int exited, int status) {
 
 int main(int argc, char **argv) {
     set_all_signals(SIG_IGN);
-    int sep = 3; /* argv[sep] is "--" */
-    while (sep + 1 < argc && strcmp(argv[sep], "--cgroup") == 0) sep += 2;
-    if (argc < sep + 2 || strcmp(argv[sep], "--") != 0) {
-        fputs("swarm-shim: usage: REPORT_FD STATUS_DIR [--cgroup FILE]... -- ARGV...\n", stderr);
+    if (argc < 5 || strcmp(argv[3], "--") != 0) {
+        fputs("swarm-shim: usage: REPORT_FD STATUS_DIR -- ARGV...\n", stderr);
         return 2;
     }
     char *end;
@@ -332,15 +312,6 @@ int main(int argc, char **argv) {
         clock_gettime(CLOCK_REALTIME, &ended);
         return write_exit(dirfd, 0, "exit", 126, ETIME, 1, &ended) < 0 ? 1 : 0;
     }
-    for (int i = 3; i < sep; i += 2) {
-        if (join_cgroup(argv[i + 1]) < 0) {
-            int err = errno;
-            report_failed("error", err, "cannot put the process in its cgroup");
-            let_go(dirfd);
-            clock_gettime(CLOCK_REALTIME, &ended);
-            return write_exit(dirfd, 0, "exit", 126, err, 0, &ended) < 0 ? 1 : 0;
-        }
-    }
     int errpipe[2];
     pid_t pid = -1;
     const char *what = "cannot create a pipe";
@@ -349,7 +320,7 @@ int main(int argc, char **argv) {
         pid = fork();
         if (pid == 0) {
             close(errpipe[0]);
-            child(errpipe[1], argv + sep + 1);
+            child(errpipe[1], argv + 4);
         }
         if (pid < 0) {
             int err = errno;

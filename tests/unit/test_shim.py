@@ -457,10 +457,6 @@ def test_exit_file_parsing(tmp_path: Path) -> None:
 
 def test_argv_checks() -> None:
     assert shim.argv(Path("/s"), 5, Path("/d"), ["a", "b"]) == ["/s", "5", "/d", "--", "a", "b"]
-    joins = (Path("/c/cgroup.procs"), Path("/m/cgroup.procs"))
-    assert shim.argv(Path("/s"), 5, Path("/d"), ["a"], joins) == [
-        "/s", "5", "/d", "--cgroup", "/c/cgroup.procs", "--cgroup", "/m/cgroup.procs", "--", "a"
-    ]  # fmt: skip
     with pytest.raises(ValueError):
         shim.argv(Path("/s"), 2, Path("/d"), ["a"])
     with pytest.raises(ValueError):
