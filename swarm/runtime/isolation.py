@@ -33,7 +33,6 @@ import hashlib
 import os
 import pwd
 import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +46,7 @@ from ..logs import NULL_LOG, EventLog
 from .cwdcheck import cwd_refusal
 from .executor import ProcessPlan, ProcessResult
 from .executor import write_control as _write
+from .procstart import THIS_THREAD
 from .runner import PlanRefused
 
 KINDS = ("cgroup2", "cgroup1", "none")
@@ -362,9 +362,8 @@ class CgroupV1(Cgroups):
             self._mkdir(d)
         if self.homes is not None:
             try:  # moving this thread to where it is: proves we may move threads
-                tid = str(threading.get_native_id())
                 for home in self.homes:
-                    _write(home, tid)
+                    _write(home, THIS_THREAD)
             except OSError as e:
                 self.log.info("cgroup.thread_join_off", error=str(e))
                 self.homes = None
@@ -609,8 +608,13 @@ def detect(
     return Cgroups("; ".join(reasons), log)
 
 
-def slow_moves_hint(kind: str, mounts: str, cmdline: str, rcu_expedited: str) -> str | None:
+def slow_moves_hint(
+    kind: str, mounts: str, cmdline: str, rcu_expedited: str, thread_joins: bool = False
+) -> str | None:
     """Why a task start may wait ~5-15 ms for its cgroup, or None if it will not.
+    `thread_joins`: cgroup v1 starts join by thread, as "0" (procstart.THIS_THREAD),
+    which the kernel moves without that lock (only a task with a memory limit under
+    THREAD_JOIN_MIN_MEM still joins by process).
 
     Putting a process into a cgroup (our thread join, or a shell writing
     cgroup.procs) write-locks the kernel's cgroup_threadgroup_rwsem, which, unless the
@@ -619,7 +623,7 @@ def slow_moves_hint(kind: str, mounts: str, cmdline: str, rcu_expedited: str) ->
     join took 0.1 ms back to back and 5.5 ms (up to 13) after 50 ms idle, and a start
     through the agent 4 ms against 11-16 ms. Only `clone3(CLONE_INTO_CGROUP)` avoids
     the lock, and Python's subprocess cannot use it."""
-    if kind not in ("cgroup1", "cgroup2"):
+    if kind not in ("cgroup1", "cgroup2") or (kind == "cgroup1" and thread_joins):
         return None
     if rcu_expedited.strip() == "1":
         return None
@@ -707,8 +711,9 @@ class TaskIsolation:
                 "isolation.unavailable", kind=self.cgroups.kind, error=str(e), fallback="none"
             )
             self.cgroups = Cgroups(f"{self.cgroups.kind} setup failed: {e}", self.log)
+        joins = isinstance(self.cgroups, CgroupV1) and self.cgroups.homes is not None
         self.slow_moves = slow_moves_hint(
-            self.kind, _text(PROC_MOUNTS), _text(PROC_CMDLINE), _text(RCU_EXPEDITED)
+            self.kind, _text(PROC_MOUNTS), _text(PROC_CMDLINE), _text(RCU_EXPEDITED), joins
         )
         self.log.info(
             "isolation.ready",

@@ -6,7 +6,6 @@ process, which is born there, and goes back to the agent's own groups."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -51,8 +50,9 @@ async def test_the_thread_joins_then_goes_home_and_no_wrapper_is_used(tmp_path: 
     assert argv == ["true"]  # not /bin/sh -c <join>
     r = await Executor(kill_grace=1.0).run(plan)
     assert r.exit_code == 0, r
-    tid = str(threading.get_native_id())
-    assert [f.read_text() for f in (*task_files, *homes)] == [tid] * 4
+    # the thread names itself "0": the kernel then skips a lock that waits for an RCU
+    # grace period after an idle moment (procstart.THIS_THREAD)
+    assert [f.read_text() for f in (*task_files, *homes)] == ["0"] * 4
 
 
 async def test_a_group_that_cannot_be_joined_fails_the_start_plainly(tmp_path: Path) -> None:

@@ -368,6 +368,9 @@ def test_slow_moves_hint_names_the_remedy_unless_the_kernel_moves_fast() -> None
     assert hint2 is not None and "favordynmods" in hint2 and "rcu_expedited" in hint2
     # no cgroups, no moves
     assert iso.slow_moves_hint("none", v1, "", "0") is None
+    # v1 starts that join by thread name it "0": the kernel takes no lock (stop 49)
+    assert iso.slow_moves_hint("cgroup1", v1, "", "0", thread_joins=True) is None
+    assert iso.slow_moves_hint("cgroup2", v2, "", "0", thread_joins=True) is not None
     # each remedy makes moves fast
     assert iso.slow_moves_hint("cgroup1", v1, "", "1\n") is None
     assert iso.slow_moves_hint("cgroup1", v1, "quiet cgroup_favordynmods=true", "0") is None
