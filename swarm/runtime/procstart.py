@@ -266,12 +266,11 @@ def start_process(spawn: Spawn) -> subprocess.Popen[Any] | BaseException:
     thread's groups. Two writes per hierarchy (~0.03 ms) instead of exec'ing a shell
     that joins them (~1 ms of CPU and of wall time before the task's own exec). Each
     write names the thread as "0" (THIS_THREAD), never by its id: see there."""
-    tid = THIS_THREAD
     joined: list[Path] = []
     try:
         for task_file, home in spawn.plan.cgroup_threads:
             try:
-                write_control(task_file, tid)
+                write_control(task_file, THIS_THREAD)
             except OSError as e:
                 return CgroupJoinError(f"cannot put the process in its cgroup: {task_file}: {e}")
             joined.append(home)
@@ -281,7 +280,7 @@ def start_process(spawn: Spawn) -> subprocess.Popen[Any] | BaseException:
     finally:
         for home in joined:
             try:
-                write_control(home, tid)
+                write_control(home, THIS_THREAD)
             except OSError:
                 # never fail a started process for this: the group's removal will
                 # report it busy (cgroup.remove_failed), and kills skip the agent
