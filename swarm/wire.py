@@ -269,20 +269,24 @@ class Fields:
         self, key: builtins.str, *, required: builtins.bool = False, max_items: builtins.int = 4096
     ) -> builtins.list[builtins.str]:
         v = self._get(key, [], required)
-        if not isinstance(v, (list, tuple)) or not _all_str(v):
+        if not isinstance(v, (list, tuple)):
             raise self._bad(key, "a list of strings", v)
-        if len(v) > max_items:
+        if len(v) > max_items:  # before joining them all
             raise SchemaError(f"{self.what}: field {key!r} has more than {max_items} items")
+        if not _all_str(v):
+            raise self._bad(key, "a list of strings", v)
         return list(v)
 
     def str_map(
         self, key: builtins.str, *, max_items: builtins.int = 4096
     ) -> builtins.dict[builtins.str, builtins.str]:
         v = self._get(key, {}, False)
-        if not isinstance(v, dict) or not (_all_str(v) and _all_str(v.values())):
+        if not isinstance(v, dict):
             raise self._bad(key, "a map of strings to strings", v)
-        if len(v) > max_items:
+        if len(v) > max_items:  # before joining them all
             raise SchemaError(f"{self.what}: field {key!r} has more than {max_items} items")
+        if not (_all_str(v) and _all_str(v.values())):
+            raise self._bad(key, "a map of strings to strings", v)
         return dict(v)
 
     def list(self, key: builtins.str, *, required: builtins.bool = False) -> builtins.list[Any]:

@@ -15,6 +15,7 @@ errors) is `procstart.py`; this module decides when, and supervises.
 from __future__ import annotations
 
 import errno as _errno
+import functools
 import os
 import signal as _signal
 import subprocess
@@ -89,15 +90,11 @@ class ProcessResult:
         return self.spawn_error is None and self.exit_code == 0 and self.signal is None
 
 
-_DEVNULL: list[int] = []
-
-
+@functools.cache
 def _devnull() -> int:
     """/dev/null, opened once for every task's stdin (subprocess.DEVNULL opens and
     closes it at each start); close-on-exec here, dup'ed onto the child's fd 0."""
-    if not _DEVNULL:
-        _DEVNULL.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
-    return _DEVNULL[0]
+    return os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
 
 
 def kill_group(pgid: int, sig: int) -> bool:

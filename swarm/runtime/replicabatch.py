@@ -109,10 +109,10 @@ class ReplicaOutbox:
 
     async def send(self, dest: m.NodeId, msg: ReplicaMsg) -> bool:
         """Deliver `msg` with whatever else is going to `dest`; True once it said yes."""
-        w = _Waiting(msg, done=trio.Event())
+        done = trio.Event()
+        w = _Waiting(msg, done=done)
         self._queue(msg).put(dest, w)
-        assert w.done is not None
-        await w.done.wait()
+        await done.wait()
         return w.ok
 
     def post(self, dest: m.NodeId, msg: ReplicaMsg, then: Callable[[bool], None]) -> None:
