@@ -142,12 +142,15 @@ def check_shares(agents: list[LocalAgent], sizes: list[tuple[int | None, int]]) 
 
 
 def submit_all(
-    agents: list[LocalAgent], n: int, spread: bool, argv: list[str]
+    agents: list[LocalAgent], n: int, spread: bool, argv: list[str], clients: int | None
 ) -> tuple[list[tuple[int, str]], float]:
+    """Submit n tasks from `clients` threads, each waiting for its answer before its next
+    submission, split over the entry nodes (None: 8 at one node, 2 at each of all)."""
     entries = agents if spread else agents[:1]
     per = [n // len(entries) + (1 if i < n % len(entries) else 0) for i in range(len(entries))]
     ids: list[list[tuple[int, str]]] = [[] for _ in entries]
-    threads_per_entry = 8 if not spread else 2
+    default = 2 if spread else 8
+    threads_per_entry = default if clients is None else max(1, clients // len(entries))
 
     def worker(i: int, count: int) -> None:
         with Client(entries[i].socket, timeout=120) as c:
@@ -281,12 +284,13 @@ def run(
     n: int,
     sizes: list[tuple[int | None, int]],
     argv: list[str],
+    clients: int | None = None,
 ) -> dict[str, Any]:
     agents = start_cluster(root / f"{rule}-{'all' if spread else 'one'}", rule, sizes)
     try:
         shares = check_shares(agents, sizes)
         cpu_start = agent_cpu_s(agents)
-        ids, t0 = submit_all(agents, n, spread, argv)
+        ids, t0 = submit_all(agents, n, spread, argv, clients)
         submit_end = time.time()
         res = collect(agents, ids, spread)
         res["cpu_start"] = cpu_start
@@ -466,13 +470,23 @@ def main() -> None:
         default="single",
         help="single: tasks submitted one by one; array: one array (issue 23)",
     )
-    ap.add_argument("--nodes", type=int, default=5, help="agents in array mode")
+    ap.add_argument(
+        "--nodes", type=int, help="agents: default 5 in array mode, 8 (all sizes) in single"
+    )
+    ap.add_argument(
+        "--clients",
+        type=int,
+        help="single mode: client threads submitting, each waiting for its answer, split "
+        "over the entry nodes (default 8 at one node, 2 at each node with all-nodes)",
+    )
     args = ap.parse_args()
     if args.mode == "array":
+        args.nodes = args.nodes or 5
         return main_array(args)
     hetero = args.sizes == "hetero"
     n_tasks = args.tasks if args.tasks is not None else (2000 if hetero else 5000)
     sizes = node_sizes(args.sizes, args.slots, [int(x) for x in args.node_slots.split(",")])
+    sizes = sizes[: args.nodes or len(sizes)]
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
     for r in rules:
         if r not in RULES:
@@ -490,7 +504,7 @@ def main() -> None:
             for rule in rules:
                 key = f"{rule}/{'all-nodes' if spread else 'one-node'}"
                 print(f"running {key} ({n_tasks} tasks)...", flush=True)
-                results[key] = run(Path(tmp), rule, spread, n_tasks, sizes, argv)
+                results[key] = run(Path(tmp), rule, spread, n_tasks, sizes, argv, args.clients)
                 r = results[key]
                 print(
                     f"  placed {r['placed_per_s']:.0f}/s (p50 {r['place_p50_ms']:.0f} ms "
@@ -525,6 +539,7 @@ def main() -> None:
         "tasks": n_tasks,
         "task": args.task,
         "rules": rules,
+        "clients": args.clients,
     }
     results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
     results["targets"] = {

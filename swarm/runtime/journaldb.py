@@ -232,7 +232,7 @@ def apply_ops(c: sqlite3.Connection, ops: list[Op], node: str) -> None:
             apply_op(c, op, node)
         return
     tasks: dict[str, m.Task | None] = {}
-    kv: dict[str, bytes | None] = {}
+    kv: dict[str, PutKV | None] = {}  # packed once, the last write per key
     procs: dict[str, tuple[int, float] | None] = {}
     shims: dict[str, tuple[int, str] | None] = {}
     events: list[tuple[Any, ...]] = []
@@ -259,7 +259,7 @@ def apply_ops(c: sqlite3.Connection, ops: list[Op], node: str) -> None:
             tasks[op.task_id] = None
         elif isinstance(op, PutKV):
             kv.pop(op.key, None)
-            kv[op.key] = wire.pack(op.value)
+            kv[op.key] = op
         elif isinstance(op, DelKV):
             kv.pop(op.key, None)
             kv[op.key] = None
@@ -287,7 +287,7 @@ def apply_ops(c: sqlite3.Connection, ops: list[Op], node: str) -> None:
     kdels = [(k,) for k, v in kv.items() if v is None]
     if kdels:
         c.executemany("DELETE FROM kv WHERE key=?", kdels)
-    kput = [(k, v) for k, v in kv.items() if v is not None]
+    kput = [(k, wire.pack(v.value)) for k, v in kv.items() if v is not None]
     if kput:
         c.executemany(_UPSERT_KV, kput)
     _apply_procs(c, procs, shims)

@@ -35,6 +35,7 @@ _LEASE_FILES = (shimmod.LEASE_FILE, shimmod.LEASE_FILE + ".tmp")
 class StatusDirs:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._root_s = os.fspath(root)  # give_back works on strings (pathlib is slow)
         self.free: list[Path] = []  # exist, empty, named by no journaled row
         self._prefix = "_" + secrets.token_hex(4) + "-"
         self._made = 0
@@ -53,19 +54,21 @@ class StatusDirs:
         """Return a directory whose task's end and DelProc are durable (`leased`: its
         task had a lease file there); False when it is not one of ours or cannot be
         emptied (it then stays out of the pool)."""
-        if d.parent != self.root or not d.name.startswith("_"):
+        ds = os.fspath(d)
+        parent, name = os.path.split(ds)
+        if parent != self._root_s or not name.startswith("_"):
             return False
         found = False
         for name in (shimmod.EXIT_FILE, *(_LEASE_FILES if leased else ())):
             try:
-                os.unlink(d / name)
+                os.unlink(os.path.join(ds, name))
                 found = True
             except FileNotFoundError:
                 pass
             except OSError:
                 return False
         # no exit file: the start may have failed before the directory was made
-        if not found and not os.path.isdir(d):
+        if not found and not os.path.isdir(ds):
             return False
         self.free.append(d)
         return True
