@@ -279,8 +279,11 @@ def test_transfer_moves_queued_tasks_only_where_they_may_run(where: Where) -> No
     try:
         assert w5.cli("drain").returncode == 0
         wait_for(lambda: _drained_seen(w1, {"w5"}), 20, "w5 drained in w1's view")
-        with w1.client() as c:  # 24 slots on w1 and w3: 56 of them queue
-            ids = [c.submit(["sleep", "3"], cwd="/", constraints=["pool=a"]) for _ in range(80)]
+        # 24 slots on w1 and w3: 56 of them queue, for ~10 s (with `sleep 3` the queues
+        # were gone once before transfer had moved any, under heavier load than make
+        # test's: the undrain reached the others late)
+        with w1.client() as c:
+            ids = [c.submit(["sleep", "5"], cwd="/", constraints=["pool=a"]) for _ in range(80)]
         # every task at a runner (queued, running or done), none left in w1's placement
         # stage: such a one is handed to w5 once it is undrained, not transferred, and
         # under make test's load all five that reached w5 once went that way (stop 43)
