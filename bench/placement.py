@@ -15,7 +15,8 @@ submitted at one node; spread over all nodes), submits N short tasks and measure
   (work = tasks run on the node, divided by its ideal share of N);
 - transfers (pushes + steals) per task;
 - the agents' own CPU time per task (user + system of the 8 agent processes from the
-  first submit until the last task is done; the tasks' processes are not counted).
+  first submit until the last task is done; the tasks' processes are not counted);
+- each agent's journal operations per task of the run (issue 23).
 Nodes have 2048, 1024 or 512 shares and slots in proportion (8 per 1024 shares), so
 the share-weighted split is also the fastest one. Prints a table and writes
 bench/results/placement.json.
@@ -297,12 +298,18 @@ def run(
     agents = start_cluster(root / f"{rule}-{'all' if spread else 'one'}", rule, sizes)
     try:
         shares = check_shares(agents, sizes)
+        ops0 = journal_ops(agents)
         cpu_start = agent_cpu_s(agents)
         ids, t0 = submit_all(agents, n, spread, argv, clients)
         submit_end = time.time()
         res = collect(agents, ids, spread)
         res["cpu_start"] = cpu_start
         out = analyse(agents, res, t0, submit_end, n, ideal_weights(sizes))
+        # per task of the run at each node (as in array mode), whatever it ran
+        out["journal_ops_per_task"] = {
+            a.name: round((int(i["journal_ops"]) - before) / n, 2)
+            for a, i, before in zip(agents, res["infos"], ops0, strict=True)
+        }
         out["nodes"] = {
             a.name: {"slots": s, "shares": sh}
             for a, (_, s), sh in zip(agents, sizes, shares, strict=True)
@@ -522,6 +529,7 @@ def main() -> None:
                     f"p99 {r['start_p99_ms']:.0f} ms  CV {r['cv_vs_ideal']:.3f}  "
                     f"transfers/task {r['transfers_per_task']:.3f}  "
                     f"agent CPU {r['agent_cpu_ms_per_task']:.1f} ms/task  "
+                    f"journal ops/task {r['journal_ops_per_task']}  "
                     f"ok {r['succeeded']}/{r['tasks']}",
                     flush=True,
                 )
