@@ -86,6 +86,33 @@ async def test_concurrent_messages_to_one_peer_share_rpcs_and_keep_their_own_ans
     assert "replica.refused" in d.logged
 
 
+async def test_runner_and_release_news_linger_to_travel_together_and_holds_do_not(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """News posted one at a time (a draining queue: tasks start and end apart) waits
+    NEWS_LINGER for company and goes in one RPC; a hold sent meanwhile (a submission's
+    answer waits for it) leaves at once, in its own."""
+    cluster = FakeCluster()
+    answered: list[tuple[str, bool]] = []
+    hold_at: list[float] = []
+    async with trio.open_nursery() as n:
+        d = FakeDriver(cluster, n)
+        box = rb.ReplicaOutbox(d)
+        t0 = trio.current_time()
+        step = rb.NEWS_LINGER / 10
+        for i in range(5):
+            tid = f"t{i:03d}"
+            msg = ReplicaMsg("runner" if i % 2 else "release", tid, "n1", "n3", ("n2",))
+            box.post("n2", msg, lambda ok, tid=tid: answered.append((tid, ok)))
+            await trio.sleep(step)
+        assert await box.send("n2", _hold("thold"))
+        hold_at.append(trio.current_time() - t0)
+    kinds = [[x["kind"] for x in c["msgs"]] for c in cluster.calls]
+    assert kinds == [["hold"], ["release", "runner", "release", "runner", "release"]], kinds
+    assert hold_at[0] < rb.NEWS_LINGER  # the hold did not wait for the news
+    assert sorted(answered) == [(f"t{i:03d}", True) for i in range(5)]
+
+
 async def test_a_lost_batch_is_no_answer_for_each_message() -> None:
     got, d = await _send_all(FakeCluster(fail=TransportError("timed out")), ["ta", "tb", "tc"])
     assert got == {"ta": False, "tb": False, "tc": False}
