@@ -178,10 +178,10 @@ class Effects:
         elif isinstance(i, ev.Requeue):
             self.runner.requeue_front(i.task_id)
         elif isinstance(i, ev.Dequeue):
-            # asked in O(1) first: most dequeued tasks are not queued (a handoff's
-            # drop), and a miss scanned the whole queue of a runner with thousands
-            if i.task_id in self.runner.queue:
+            try:
                 self.runner.queue.remove(i.task_id)
+            except ValueError:
+                pass
         elif isinstance(i, ev.SendHandoff):
             key = (i.send.dest, i.send.request)
             if key in self._inflight:

@@ -55,8 +55,8 @@ class StatusDirs:
         task had a lease file there); False when it is not one of ours or cannot be
         emptied (it then stays out of the pool)."""
         ds = os.fspath(d)
-        parent, name = os.path.split(ds)
-        if parent != self._root_s or not name.startswith("_"):
+        parent, base = os.path.split(ds)
+        if parent != self._root_s or not base.startswith("_"):
             return False
         found = False
         for name in (shimmod.EXIT_FILE, *(_LEASE_FILES if leased else ())):

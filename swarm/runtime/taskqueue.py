@@ -66,7 +66,12 @@ class TaskQueue(deque[m.TaskId]):
         return tid
 
     def remove(self, tid: m.TaskId) -> None:
-        super().remove(tid)  # ValueError when absent, as a deque's
+        """As a deque's (ValueError when absent), but a miss is answered from the count:
+        most removals are of tasks not queued (a handoff's drop), and a deque scanned
+        all of a runner's thousands queued to say so."""
+        if tid not in self._count:
+            raise ValueError(f"{tid!r} is not queued")
+        super().remove(tid)
         self._drop(tid)
 
     def clear(self) -> None:
