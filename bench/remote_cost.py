@@ -135,6 +135,11 @@ def one(
         ended = time.time() - t0  # the last task's end known at its home (or a bit after)
         with home.client() as c:
             counted = c.info()["coordinator"]
+        ran: dict[str, int] = {}
+        for r in runners:
+            with r.client() as c:
+                for key, v in c.info()["coordinator"].items():
+                    ran[key] = ran.get(key, 0) + v
         j1 = [_journal(a) for a in (home, *runners)]
         n = len(ids)
         ok = sum(1 for r in records if r["state"] == "succeeded")
@@ -157,6 +162,12 @@ def one(
             # the copies' traffic (issue 23): messages and batches from the home
             "replica_msgs_per_task": counted.get("replica_msgs", 0) / n,
             "replica_rpcs_per_task": counted.get("replica_rpcs", 0) / n,
+            # handoff RPCs (batches of offers, commits, reports...) sent per task: the
+            # home's, then the runners' together (their reports to the home)
+            "handoff_rpcs_per_task": [
+                counted.get("handoff_rpcs", 0) / n,
+                ran.get("handoff_rpcs", 0) / n,
+            ],
             # journal operations and commits (transactions) per task: the home's, then
             # the runners' together
             "journal_ops_per_task": [
@@ -241,6 +252,9 @@ def main() -> None:
                     f" shims + tasks {row['children_cpu_ms_per_task']:.2f} ms;"
                     f" copy messages {row['replica_msgs_per_task']:.2f} per task"
                     f" in {row['replica_rpcs_per_task']:.2f} batches;"
+                    " handoff RPCs per task: home"
+                    f" {row['handoff_rpcs_per_task'][0]:.2f}, runners"
+                    f" {row['handoff_rpcs_per_task'][1]:.2f};"
                     " journal ops (commits) per task: home"
                     f" {row['journal_ops_per_task'][0]:.2f}"
                     f" ({row['journal_commits_per_task'][0]:.2f}), runners"

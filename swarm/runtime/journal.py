@@ -5,11 +5,12 @@ the submit socket answers. One fsync per submission would cap us at a few hundre
 submissions per second, so concurrent writers are group-committed: a single writer
 task takes everything queued since the last commit and writes it in one transaction.
 
-sqlite is blocking; the writer runs each transaction in trio's worker thread
-(`trio.to_thread.run_sync`), one at a time, so the event loop does not wait on disk
+sqlite is blocking; under load the writer writes each transaction on the loop and
+syncs it in a thread of its own (syncthread.py: a leaner round trip than
+`trio.to_thread.run_sync`), one at a time, so the event loop does not wait on disk
 while it has other work. When it has none (no runnable task) a small batch is
-written on the loop itself: the thread round trip (two wake-ups of an idle CPU) cost
-~0.4 ms on the development VM, half an fsync, on every lone submission.
+written and synced on the loop itself: the thread round trip (two wake-ups of an idle
+CPU) cost ~0.4 ms on the development VM, half an fsync, on every lone submission.
 
 Written, then synced. The writer connection runs with synchronous=NORMAL and the
 journal fsyncs the WAL itself after each transaction: the same durability as FULL
@@ -102,6 +103,7 @@ from .journaldb import (
     retry_key,
     wal_pages,
 )
+from .syncthread import SyncThread
 
 __all__ = [
     "FILE_MODE",
@@ -181,6 +183,7 @@ class Journal:
         self._rconn = connect(path)
         self._wal_path = Path(f"{path}-wal")
         self._wal_fd: int | None = None
+        self._syncer = SyncThread("journal fsync")
         self._wconn.executescript(SCHEMA)
         row = self._wconn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None:
@@ -408,7 +411,7 @@ class Journal:
             await self._write_chunked(ops)
             attempt.written = True
             self._written(batch)
-            await trio.to_thread.run_sync(self._sync_wal, abandon_on_cancel=False)
+            await self._syncer.run(self._sync_wal)
 
     async def _write_chunked(self, ops: list[Op]) -> None:
         """One transaction of `ops` on the loop, a chunk at a time (only this writer
@@ -545,6 +548,7 @@ class Journal:
                 c.close()
             except sqlite3.Error:
                 pass
+        self._syncer.close()
         if self._wal_fd is not None:
             os.close(self._wal_fd)
             self._wal_fd = None
