@@ -48,10 +48,14 @@ class Delete:
 
 @attrs.frozen
 class Persist:
-    """Journal key-value writes; durable ones land before the next instruction."""
+    """Journal key-value writes; durable ones land before the next instruction. Lazy
+    ones (never durable) need not land soon: they go with the next commit, or alone
+    a moment later (runtime/journal.py enqueue_lazy); only for state whose loss in a
+    crash the protocol repairs by asking again."""
 
     ops: tuple[Put | Delete, ...]
     durable: bool = False
+    lazy: bool = False
 
 
 @attrs.frozen

@@ -109,10 +109,12 @@ class Location:
         task_ids: tuple[m.TaskId, ...] | list[m.TaskId],
         now: float,
         wall: float,
+        lazy: bool = False,
     ) -> list[ev.Instruction]:
         """Handoff outputs: decisions first, then the journal writes of the handoff
-        entries they touched (durable), then the sends. Placements whose offer got
-        decided go on after all of that (after the outermost apply)."""
+        entries they touched (durable; `lazy`: may wait for the next commit, where
+        nothing is sent), then the sends. Placements whose offer got decided go on
+        after all of that (after the outermost apply)."""
         out: list[ev.Instruction] = []
         sends: list[h.Send] = []
         touched: set[m.TaskId] = set(task_ids)
@@ -129,7 +131,8 @@ class Location:
             self.depth -= 1
         ops = self.handoffs.persist_ops(touched, wall)
         if ops:
-            out.append(ev.Persist(tuple(ops), durable=True))
+            lazy = lazy and not sends
+            out.append(ev.Persist(tuple(ops), durable=not lazy, lazy=lazy))
         out += [ev.SendHandoff(s) for s in sends]
         if self.depth == 0:
             while self.decided:
@@ -381,9 +384,15 @@ class Location:
             if isinstance(req, h.Offer) and reply is not None and reply.ok:
                 self._taken(dest, req, reply, now)
             outs = self.home.on_reply(dest, req, reply, now)
-        else:
-            outs = self.guest.on_reply(dest, req, reply, now)
-        return self.apply(outs, [req.task_id], now, wall)
+            return self.apply(outs, [req.task_id], now, wall)
+        outs = self.guest.on_reply(dest, req, reply, now)
+        # the home took our report (at its epoch): what that changes here (the report
+        # cleared; after a final one, the entry gone, tombstoned) need not land soon.
+        # Lost in a crash, the restored entry sends its report again, answered again
+        # (issue 23: where a queue drains, this was a commit per task at the runner)
+        taken = isinstance(req, h.Report) and reply is not None and reply.ok
+        taken = taken and reply is not None and reply.epoch == req.epoch
+        return self.apply(outs, [req.task_id], now, wall, lazy=taken)
 
     def _taken(self, dest: m.NodeId, req: h.Offer, reply: h.Reply, now: float) -> None:
         """`dest` took our offer (the answer to the offer in flight): it is counted in

@@ -356,14 +356,16 @@ class Replicas:
             return out
         self.sent[(tid, dest)] = (RELEASE if msg.kind == RELEASE else RUNNER, msg.runner)
         if all(self.sent.get((tid, n), ("",))[0] == RELEASE for n in self.mine[tid]):
-            return [*out, *self.forget_replicas(tid)]
+            # every copy released: the entry's delete need not land soon (lost in a
+            # crash, the restored entry releases them again, answered again; issue 23)
+            return [*out, *self.forget_replicas(tid, lazy=True)]
         return out
 
-    def forget_replicas(self, tid: m.TaskId) -> list[ev.Instruction]:
+    def forget_replicas(self, tid: m.TaskId, lazy: bool = False) -> list[ev.Instruction]:
         nodes = self.mine.pop(tid, ())
         for n in nodes:
             self.sent.pop((tid, n), None)
-        return [ev.Persist((ev.Delete(REPLICAS + tid),))] if nodes else []
+        return [ev.Persist((ev.Delete(REPLICAS + tid),), lazy=lazy)] if nodes else []
 
     def rereplicated(self, tid: m.TaskId, nodes: tuple[m.NodeId, ...]) -> list[ev.Instruction]:
         """Succession named new replicas for our task: the new ones get the copy. The

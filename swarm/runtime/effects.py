@@ -119,6 +119,7 @@ class Effects:
         they preceded only comes later, which never breaks "journal, then send"."""
         ops: list[Any] = []
         durable = False
+        lazy = True  # every write among them may wait for the next commit
         woken: list[m.TaskId] = []
         rest: list[ev.Instruction] = []
         for i in instrs:
@@ -133,11 +134,14 @@ class Effects:
             elif isinstance(i, ev.Forget):
                 woken.append(i.task_id)
             durable = durable or (isinstance(i, (ev.Record, ev.Persist)) and i.durable)
+            lazy = lazy and isinstance(i, ev.Persist) and i.lazy
         if durable:
             # the ends among them are answered to waits once on disk (tasks.py)
             ends = [i.task.id for i in instrs if isinstance(i, ev.Record) and i.task.state.terminal]
             with self.table.writing(ends):
                 await self.journal.commit(ops, must_land=True)
+        elif ops and lazy:
+            self.journal.enqueue_lazy(ops)
         elif ops:
             self.journal.enqueue(ops)
         for tid in woken:
@@ -165,6 +169,8 @@ class Effects:
             self.table.noted(i.task)
             self.journal.enqueue([PutTask(i.task)])
             self.table.wake(i.task.id)
+        elif isinstance(i, ev.Persist) and i.lazy:
+            self.journal.enqueue_lazy(kv_ops(i.ops))
         elif isinstance(i, (ev.Persist, ev.Explain)):
             self.journal.enqueue(_ops_of(i, self.node) or [])
         elif isinstance(i, ev.Enqueue):

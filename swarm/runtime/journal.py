@@ -93,7 +93,6 @@ from .journaldb import (
     Recovered,
     apply_ops,
     connect,
-    decode_event,
     decode_task,
     describe_error,
     disk_full,
@@ -103,6 +102,7 @@ from .journaldb import (
     retry_key,
     wal_pages,
 )
+from .journalreads import JournalReads
 from .syncthread import SyncThread
 
 __all__ = [
@@ -137,6 +137,7 @@ INLINE_OPS = 8  # a batch this small may be written and synced on the loop when 
 WRITE_CHUNK = 256  # ops written between two checkpoints of the loop
 RETRY_INTERVAL = 1.0  # seconds between retries of failed must-land writes
 PROBE_INTERVAL = 5.0  # seconds between probes of a wedged journal with nothing to retry
+LAZY_FLUSH = 0.25  # seconds a lazy write waits for a commit to go with (enqueue_lazy)
 
 
 @attrs.define
@@ -146,6 +147,7 @@ class _Pending:
     error: BaseException | None = None
     must_land: bool = False  # keep retrying on failure instead of failing the writer
     on_written: Callable[[], None] | None = None  # called once written, before the fsync
+    lazy_mark: bool = False  # no ops: lazy writes wait (enqueue_lazy); time their flush
 
 
 @attrs.frozen
@@ -163,7 +165,7 @@ class _Attempt:
     written: bool = False  # the ops are written (the sync may still fail)
 
 
-class Journal:
+class Journal(JournalReads):
     def __init__(
         self, path: Path, log: EventLog = NULL_LOG, node: str = "", clock: Clock | None = None
     ) -> None:
@@ -199,6 +201,7 @@ class Journal:
         self._recv = recv
         self._retry: dict[str, Op] = {}  # ops that must land, keyed for coalescing
         self._open: _Pending | None = None  # the queued entry enqueue() adds to
+        self._lazy: list[Op] = []  # enqueue_lazy's writes, waiting for the next commit
         self._rlimit = trio.CapacityLimiter(1)
         self.commits = 0  # transactions written (for group-commit figures)
         self.inline_commits = 0  # of which written on the idle loop, not in a thread
@@ -273,6 +276,7 @@ class Journal:
         fails this still raises, and undoing what the callback began is the caller's
         job. It is not called when the write itself fails.
         """
+        self._flush_lazy()  # what waited goes first, in this very transaction
         p = _Pending(list(ops), trio.Event(), must_land=must_land, on_written=on_written)
         self._open = None  # later enqueues go after these ops, never before them
         self._send.send_nowait(p)
@@ -290,11 +294,40 @@ class Journal:
         """Fire-and-forget write that must eventually land (state records). Writes
         enqueued before the writer next takes its queue share one entry in it (a burst
         enqueues thousands, and an entry and its event each cost more than the op)."""
+        self._flush_lazy()
+        self._open_entry().ops.extend(ops)
+
+    def enqueue_lazy(self, ops: Iterable[Op]) -> None:
+        """A write that must land but need not soon (issue 23): it starts no commit of
+        its own, but goes with the next one (ahead of that one's ops: order is kept),
+        or on its own after LAZY_FLUSH seconds. For what a crash may lose at no cost:
+        state whose loss the protocol repairs by asking again (a guest's entry once
+        the home took its report: the report is sent again and answered again).
+        Where a queue drains, these were a commit of their own per task."""
+        if self._open is not None:  # a write is queued already: go with it
+            self._flush_lazy()
+            self._open.ops.extend(ops)
+            return
+        if not self._lazy:
+            self._mark_lazy()
+        self._lazy.extend(ops)
+
+    def _mark_lazy(self) -> None:
+        """Wake the writer to time a flush of the lazy writes (it may wait for work)."""
+        self._send.send_nowait(_Pending([], trio.Event(), must_land=True, lazy_mark=True))
+
+    def _flush_lazy(self) -> None:
+        """The lazy writes into the queue, before whatever is queued next."""
+        if self._lazy:
+            ops, self._lazy = self._lazy, []
+            self._open_entry().ops.extend(ops)
+
+    def _open_entry(self) -> _Pending:
         p = self._open
         if p is None:
             p = self._open = _Pending([], trio.Event(), must_land=True)
             self._send.send_nowait(p)
-        p.ops.extend(ops)
+        return p
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The single writer: batches whatever is queued into one transaction."""
@@ -304,6 +337,7 @@ class Journal:
                 # retry what must land every RETRY_INTERVAL, or probe a wedged journal
                 # every PROBE_INTERVAL; only the wait is cancelled, never a write
                 # (its waiters would hang)
+                self._flush_lazy()  # no waiting for company now
                 batch = []
                 with trio.move_on_after(RETRY_INTERVAL if self._retry else PROBE_INTERVAL):
                     batch.append(await self._recv.receive())
@@ -311,17 +345,31 @@ class Journal:
                 await self._write_batch(batch)
                 continue
             first = await self._recv.receive()
+            if first.lazy_mark:
+                # lazy writes wait for company (enqueue_lazy), LAZY_FLUSH at most; what
+                # comes meanwhile took them along (commit and enqueue flush them first)
+                with trio.move_on_after(LAZY_FLUSH):
+                    while first.lazy_mark:
+                        first = await self._recv.receive()
+                if first.lazy_mark:
+                    self._flush_lazy()  # queued as an entry of its own: taken next
+                    continue
             batch = [first]
             self._drain_into(batch)
             await self._write_batch(batch)
 
     def _drain_into(self, batch: list[_Pending]) -> None:
+        marked = False
         while True:
             try:
-                batch.append(self._recv.receive_nowait())
+                p = self._recv.receive_nowait()
             except trio.WouldBlock:
                 self._open = None  # taken: later enqueues start a new entry
+                if marked and self._lazy:  # their mark is taken: time them again
+                    self._mark_lazy()
                 return
+            marked = marked or p.lazy_mark
+            batch.append(p)
 
     async def _write_batch(self, batch: list[_Pending]) -> None:
         """Write what must land again (if anything failed before), then the batch.
@@ -492,55 +540,6 @@ class Journal:
             apply_ops(c, ops, self.node)
             if not ops:
                 _probe(c)
-
-    # --------------------------------------------------------------- reading
-
-    async def get_task(self, task_id: m.TaskId) -> m.Task | None:
-        def read() -> m.Task | None:
-            row = self._rconn.execute("SELECT record FROM tasks WHERE id=?", (task_id,)).fetchone()
-            return None if row is None else decode_task(row[0])
-
-        return await trio.to_thread.run_sync(read, limiter=self._rlimit)
-
-    async def events_for(self, task_id: m.TaskId, kind: str, limit: int = 50) -> list[Any]:
-        """The `data` of a task's events of one kind, oldest first."""
-
-        def read() -> list[Any]:
-            rows = self._rconn.execute(
-                "SELECT data FROM events WHERE task_id=? AND kind=? ORDER BY seq DESC LIMIT ?",
-                (task_id, kind, limit),
-            ).fetchall()
-            out = []
-            for (data,) in reversed(rows):
-                try:
-                    out.append(decode_event(data))
-                except (TypeError, ValueError):
-                    continue
-            return out
-
-        return await trio.to_thread.run_sync(read, limiter=self._rlimit)
-
-    async def finished_before(self, before: float, limit: int) -> list[m.TaskId]:
-        """Ids of finished tasks whose last change is older than `before` (wall
-        clock), oldest first: what retention may forget."""
-
-        def read() -> list[m.TaskId]:
-            rows = self._rconn.execute(
-                "SELECT id FROM tasks WHERE terminal=1 AND updated<? ORDER BY updated LIMIT ?",
-                (before, limit),
-            ).fetchall()
-            return [m.TaskId(r[0]) for r in rows]
-
-        return await trio.to_thread.run_sync(read, limiter=self._rlimit)
-
-    async def recent_terminal(self, limit: int) -> list[m.Task]:
-        def read() -> list[m.Task]:
-            rows = self._rconn.execute(
-                "SELECT record FROM tasks WHERE terminal=1 ORDER BY updated DESC LIMIT ?", (limit,)
-            ).fetchall()
-            return [decode_task(r[0]) for r in rows]
-
-        return await trio.to_thread.run_sync(read, limiter=self._rlimit)
 
     def close(self) -> None:
         for c in (self._wconn, self._rconn):

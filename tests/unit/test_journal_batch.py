@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarm import model as m
+from swarm import wire
 from swarm.runtime import journal as jr
 from swarm.runtime import journaldb as jdb
 
@@ -198,3 +199,93 @@ async def test_events_are_msgpack_and_an_older_journals_json_still_reads(tmp_pat
         except ValueError:
             continue
         raise AssertionError(f"{bad!r} decoded")
+
+
+def _kv(j: jr.Journal) -> dict[str, Any]:
+    c = sqlite3.connect(j.path)
+    try:
+        return {k: wire.unpack(v) for k, v in c.execute("SELECT key, value FROM kv")}
+    finally:
+        c.close()
+
+
+async def _until(cond: Any, what: str, timeout: float = 10.0) -> None:
+    with trio.move_on_after(timeout):
+        while not cond():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_lazy_write_waits_for_company_then_goes_alone(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """enqueue_lazy starts no commit: with nothing else written, its ops land on their
+    own once LAZY_FLUSH has passed, never before."""
+    monkeypatch.setattr(jr, "LAZY_FLUSH", 0.3)
+    j = jr.Journal(tmp_path / "journal.db", node="n1")
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(j.run)
+            t0 = trio.current_time()
+            j.enqueue_lazy([jdb.PutKV("k", 1)])
+            await trio.sleep(0.1)
+            assert j.ops_written == 0 and "k" not in _kv(j)
+            await _until(lambda: j.ops_written == 1, "the lazy write")
+            assert trio.current_time() - t0 >= 0.3
+            nursery.cancel_scope.cancel()
+        assert _kv(j) == {"k": 1} and j.commits == 1
+    finally:
+        j.close()
+
+
+async def test_lazy_writes_go_with_the_next_commit_ahead_of_its_ops(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """The next commit takes the lazy writes along, in one transaction, written before
+    its own ops (so the newer value of a key wins), and returns once they landed too;
+    so does the next enqueue."""
+    monkeypatch.setattr(jr, "LAZY_FLUSH", 60.0)  # only company can take them
+    j = jr.Journal(tmp_path / "journal.db", node="n1")
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(j.run)
+            j.enqueue_lazy([jdb.PutKV("k", 1)])
+            j.enqueue_lazy([jdb.PutKV("other", 1)])
+            await trio.sleep(0.05)
+            assert j.commits == 0
+            await j.commit([jdb.PutKV("k", 2)])
+            assert _kv(j) == {"k": 2, "other": 1} and j.commits == 1
+            j.enqueue_lazy([jdb.DelKV("other")])
+            j.enqueue([jdb.PutKV("other", 3)])
+            await _until(lambda: j.commits == 2, "the enqueue's commit")
+            assert _kv(j) == {"k": 2, "other": 3}
+            nursery.cancel_scope.cancel()
+    finally:
+        j.close()
+
+
+async def test_a_lazy_write_behind_a_busy_writer_still_goes(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """A lazy write made while a write is queued goes with it; one made behind a
+    queued commit (its mark then taken in the same drain as the commit) is timed again
+    and lands alone after LAZY_FLUSH."""
+    monkeypatch.setattr(jr, "LAZY_FLUSH", 0.3)
+    j = jr.Journal(tmp_path / "journal.db", node="n1")
+    try:
+        j.enqueue([jdb.PutKV("a", 1)])
+        j.enqueue_lazy([jdb.PutKV("b", 1)])  # an entry is queued: goes with it
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(j.commit, [jdb.PutKV("c", 1)])
+            while j._send.statistics().current_buffer_used < 2:  # the commit is queued
+                await trio.sleep(0)
+            j.enqueue_lazy([jdb.PutKV("d", 1)])  # its mark queues behind the commit
+            await nursery.start(j.run)
+            await _until(lambda: "c" in _kv(j), "the commit")
+            await _until(lambda: "d" in _kv(j), "the lazy write behind it")
+            nursery.cancel_scope.cancel()
+        assert _kv(j) == {"a": 1, "b": 1, "c": 1, "d": 1}
+        assert j.commits == 2
+    finally:
+        j.close()
