@@ -62,15 +62,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import attrs
 import trio
 
-from .. import model as m
-from .. import wire
 from ..logs import NULL_LOG, EventLog
-from ..node.recovery import REPLICAS, STRAYS
 from .clock import Clock
 from .journaldb import (
     FILE_MODE,
@@ -93,7 +89,6 @@ from .journaldb import (
     Recovered,
     apply_ops,
     connect,
-    decode_task,
     describe_error,
     disk_full,
     fsync_dir,
@@ -204,6 +199,7 @@ class Journal(JournalReads):
         self._lazy: list[Op] = []  # enqueue_lazy's writes, waiting for the next commit
         self._rlimit = trio.CapacityLimiter(1)
         self.commits = 0  # transactions written (for group-commit figures)
+        self.merged_commits = 0  # ... of them synced with the batch before (_write_more)
         self.inline_commits = 0  # of which written on the idle loop, not in a thread
         self.ops_written = 0
         self.failures = 0
@@ -211,52 +207,6 @@ class Journal(JournalReads):
         self.full_checkpoints = 0  # wal_checkpoint(TRUNCATE) runs after SQLITE_FULL
         self._sync_wal()
         fsync_dir(path.parent)  # the journal's files, when this call created them
-
-    # -------------------------------------------------------------- start-up
-
-    def recover(self) -> Recovered:
-        """Read back everything a restarting agent needs (synchronous, before serving)."""
-        active: list[m.Task] = []
-        for (blob,) in self._rconn.execute("SELECT record FROM tasks WHERE terminal=0"):
-            try:
-                active.append(decode_task(blob))
-            except wire.WireError as e:
-                self.log.error("journal.bad_record", error=str(e))
-        kv: dict[str, Any] = {}
-        for key, value in self._rconn.execute("SELECT key, value FROM kv"):
-            try:
-                kv[key] = wire.unpack(value)
-            except wire.WireError:
-                self.log.error("journal.bad_kv", key=key)
-        procs = {
-            tid: (pid, ct)
-            for tid, pid, ct in self._rconn.execute("SELECT task_id, pid, create_time FROM procs")
-        }
-        shims = {
-            tid: (task_pid, status_dir)
-            for tid, task_pid, status_dir in self._rconn.execute(
-                "SELECT task_id, task_pid, status_dir FROM shims"
-            )
-        }
-        active.sort(key=lambda t: (t.created_at, t.id))
-        owed: list[m.Task] = []
-        # finished tasks the state machine must still know, with how they ended: those
-        # with a guest entry (their result not yet acknowledged by their home), and our
-        # own whose copies or stray copies are still owed their release (it carries how
-        # the task ended: chaos late-binding at stop 45, a release sent after a restart
-        # without it reached a stray before its copy, which then stayed `queued`)
-        ids = sorted({k.split(":", 1)[1] for k in kv if k.startswith(("guest:", REPLICAS, STRAYS))})
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            marks = ",".join("?" * len(chunk))
-            for (blob,) in self._rconn.execute(
-                f"SELECT record FROM tasks WHERE terminal=1 AND id IN ({marks})", chunk
-            ):
-                try:
-                    owed.append(decode_task(blob))
-                except wire.WireError as e:
-                    self.log.error("journal.bad_record", error=str(e))
-        return Recovered(active=active, kv=kv, procs=procs, shims=shims, owed=owed)
 
     # --------------------------------------------------------------- writing
 
@@ -447,7 +397,8 @@ class Journal(JournalReads):
             # between, so a lone submission's process starts during the fsync.
             self._write_sync(ops)
             attempt.written = True
-            self._written(batch)
+            if self._written(batch):
+                await self._write_more(ops, batch)
             self._sync_wal()
             self.inline_commits += 1
         else:
@@ -458,8 +409,28 @@ class Journal(JournalReads):
             # transaction took seconds where its CPU time is a fraction of one.
             await self._write_chunked(ops)
             attempt.written = True
-            self._written(batch)
+            if self._written(batch):
+                await self._write_more(ops, batch)
             await self._syncer.run(self._sync_wal)
+
+    async def _write_more(self, ops: list[Op], batch: list[_Pending]) -> None:
+        """What the batch's on_written callbacks set going goes in the batch's fsync:
+        written now as a transaction of its own, then synced with the batch (`ops` and
+        `batch` grow, so a failure fails or retries these too). A submission is placed
+        as its record is written, and its offer, which must be durable before it is
+        sent, was a commit and an fsync of its own after the submission's (issue 23).
+        One look only: what these callbacks set going waits for the next batch."""
+        await trio.lowlevel.cancel_shielded_checkpoint()  # the callbacks' tasks queue
+        more: list[_Pending] = []
+        self._drain_into(more)
+        new = [op for p in more for op in p.ops]
+        batch += more
+        if not new:
+            return
+        ops += new
+        await self._write_chunked(new)
+        self.merged_commits += 1
+        self._written(more)
 
     async def _write_chunked(self, ops: list[Op]) -> None:
         """One transaction of `ops` on the loop, a chunk at a time (only this writer
@@ -513,15 +484,19 @@ class Journal(JournalReads):
         self.log.warning("journal.full_checkpoint", result="ok" if done else "busy")
         return done
 
-    def _written(self, batch: list[_Pending]) -> None:
+    def _written(self, batch: list[_Pending]) -> bool:
+        """Run the batch's on_written callbacks; did any run?"""
+        ran = False
         for p in batch:
             cb, p.on_written = p.on_written, None
             if cb is None:
                 continue
+            ran = True
             try:
                 cb()
             except Exception as e:  # a caller's bug must not stop the only writer
                 self.log.exception("journal.on_written_failed", e)
+        return ran
 
     def _sync_wal(self) -> None:
         """fsync the WAL: what synchronous=FULL does at each commit. sqlite deletes or

@@ -1,5 +1,6 @@
-"""The journal's reads (journal.py): a task's record, its events, what retention may
-forget. Each runs in trio's worker thread on the read connection, one at a time, so
+"""The journal's reads (journal.py): everything a restarting agent needs (`recover`,
+before it serves anyone), then a task's record, its events, what retention may
+forget. Those run in trio's worker thread on the read connection, one at a time, so
 the loop never waits on sqlite and the single writer is never blocked by a reader
 (WAL: readers see the last commit)."""
 
@@ -11,7 +12,10 @@ from typing import Any
 import trio
 
 from .. import model as m
-from .journaldb import decode_event, decode_task
+from .. import wire
+from ..logs import EventLog
+from ..node.recovery import REPLICAS, STRAYS
+from .journaldb import Recovered, decode_event, decode_task
 
 
 class JournalReads:
@@ -19,6 +23,51 @@ class JournalReads:
 
     _rconn: sqlite3.Connection
     _rlimit: trio.CapacityLimiter
+    log: EventLog
+
+    def recover(self) -> Recovered:
+        """Read back everything a restarting agent needs (synchronous, before serving)."""
+        active: list[m.Task] = []
+        for (blob,) in self._rconn.execute("SELECT record FROM tasks WHERE terminal=0"):
+            try:
+                active.append(decode_task(blob))
+            except wire.WireError as e:
+                self.log.error("journal.bad_record", error=str(e))
+        kv: dict[str, Any] = {}
+        for key, value in self._rconn.execute("SELECT key, value FROM kv"):
+            try:
+                kv[key] = wire.unpack(value)
+            except wire.WireError:
+                self.log.error("journal.bad_kv", key=key)
+        procs = {
+            tid: (pid, ct)
+            for tid, pid, ct in self._rconn.execute("SELECT task_id, pid, create_time FROM procs")
+        }
+        shims = {
+            tid: (task_pid, status_dir)
+            for tid, task_pid, status_dir in self._rconn.execute(
+                "SELECT task_id, task_pid, status_dir FROM shims"
+            )
+        }
+        active.sort(key=lambda t: (t.created_at, t.id))
+        owed: list[m.Task] = []
+        # finished tasks the state machine must still know, with how they ended: those
+        # with a guest entry (their result not yet acknowledged by their home), and our
+        # own whose copies or stray copies are still owed their release (it carries how
+        # the task ended: chaos late-binding at stop 45, a release sent after a restart
+        # without it reached a stray before its copy, which then stayed `queued`)
+        ids = sorted({k.split(":", 1)[1] for k in kv if k.startswith(("guest:", REPLICAS, STRAYS))})
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            for (blob,) in self._rconn.execute(
+                f"SELECT record FROM tasks WHERE terminal=1 AND id IN ({marks})", chunk
+            ):
+                try:
+                    owed.append(decode_task(blob))
+                except wire.WireError as e:
+                    self.log.error("journal.bad_record", error=str(e))
+        return Recovered(active=active, kv=kv, procs=procs, shims=shims, owed=owed)
 
     async def get_task(self, task_id: m.TaskId) -> m.Task | None:
         def read() -> m.Task | None:
