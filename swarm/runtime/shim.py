@@ -143,7 +143,7 @@ class ExitRecord:
 def build(bin_dir: Path) -> Path:
     """The shim for this source, compiled into `bin_dir` (private to the agent's user)
     unless already there. Raises HelperUnavailable (no C compiler, a build error)."""
-    return build_program(SOURCE, "swarm-shim", bin_dir)
+    return build_program(SOURCE, "swarm-shim", bin_dir, static=True)
 
 
 def argv(shim: Path, report_fd: int, status_dir: Path, task_argv: Sequence[str]) -> list[str]:
