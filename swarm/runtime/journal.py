@@ -420,7 +420,10 @@ class Journal(JournalReads):
         as its record is written, and its offer, which must be durable before it is
         sent, was a commit and an fsync of its own after the submission's (issue 23).
         One look only: what these callbacks set going waits for the next batch."""
-        await trio.lowlevel.cancel_shielded_checkpoint()  # the callbacks' tasks queue
+        # the callbacks' tasks queue their writes: two scheduler passes, as trio runs
+        # each pass's tasks in either order (the first may run this one before them)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        await trio.lowlevel.cancel_shielded_checkpoint()
         more: list[_Pending] = []
         self._drain_into(more)
         new = [op for p in more for op in p.ops]

@@ -324,12 +324,17 @@ async def test_a_commit_its_on_written_sets_going_shares_the_fsync(
                 except jr.JournalError:
                     answers.append(f"{key} failed")
 
-            await j.commit(
-                [jdb.PutKV("sub", 1)], on_written=lambda: nursery.start_soon(offer, "offer")
-            )
-            await _until(lambda: answers == ["offer"], "the offer's answer")
-            assert len(syncs) == 1 and j.merged_commits == 1
-            assert _kv(j) == {"warm": 1, "sub": 1, "offer": 1}
+            # 20 rounds: trio runs each scheduler pass's tasks in either order, and a
+            # writer that looked once lost the race about half the time
+            for i in range(20):
+                await j.commit(
+                    [jdb.PutKV("sub", i)], on_written=lambda: nursery.start_soon(offer, "offer")
+                )
+                await _until(lambda n=i + 1: len(answers) == n, "the offer's answer")
+            assert answers == ["offer"] * 20
+            assert len(syncs) == 20 and j.merged_commits == 20
+            assert _kv(j) == {"warm": 1, "sub": 19, "offer": 1}
+            answers.clear()
 
             fail[0] = True
             try:
@@ -338,8 +343,8 @@ async def test_a_commit_its_on_written_sets_going_shares_the_fsync(
                 )
             except jr.JournalError:
                 answers.append("sub2 failed")
-            await _until(lambda: len(answers) == 3, "the second offer's answer")
-            assert sorted(answers[1:]) == ["offer2 failed", "sub2 failed"]
+            await _until(lambda: len(answers) == 2, "the second offer's answer")
+            assert sorted(answers) == ["offer2 failed", "sub2 failed"]
             fail[0] = False
             nursery.cancel_scope.cancel()
     finally:
