@@ -199,7 +199,6 @@ class Journal(JournalReads):
         self._lazy: list[Op] = []  # enqueue_lazy's writes, waiting for the next commit
         self._rlimit = trio.CapacityLimiter(1)
         self.commits = 0  # transactions written (for group-commit figures)
-        self.merged_commits = 0  # ... of them synced with the batch before (_write_more)
         self.inline_commits = 0  # of which written on the idle loop, not in a thread
         self.ops_written = 0
         self.failures = 0
@@ -397,8 +396,7 @@ class Journal(JournalReads):
             # between, so a lone submission's process starts during the fsync.
             self._write_sync(ops)
             attempt.written = True
-            if self._written(batch):
-                await self._write_more(ops, batch)
+            self._written(batch)
             self._sync_wal()
             self.inline_commits += 1
         else:
@@ -409,31 +407,8 @@ class Journal(JournalReads):
             # transaction took seconds where its CPU time is a fraction of one.
             await self._write_chunked(ops)
             attempt.written = True
-            if self._written(batch):
-                await self._write_more(ops, batch)
+            self._written(batch)
             await self._syncer.run(self._sync_wal)
-
-    async def _write_more(self, ops: list[Op], batch: list[_Pending]) -> None:
-        """What the batch's on_written callbacks set going goes in the batch's fsync:
-        written now as a transaction of its own, then synced with the batch (`ops` and
-        `batch` grow, so a failure fails or retries these too). A submission is placed
-        as its record is written, and its offer, which must be durable before it is
-        sent, was a commit and an fsync of its own after the submission's (issue 23).
-        One look only: what these callbacks set going waits for the next batch."""
-        # the callbacks' tasks queue their writes: two scheduler passes, as trio runs
-        # each pass's tasks in either order (the first may run this one before them)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        more: list[_Pending] = []
-        self._drain_into(more)
-        new = [op for p in more for op in p.ops]
-        batch += more
-        if not new:
-            return
-        ops += new
-        await self._write_chunked(new)
-        self.merged_commits += 1
-        self._written(more)
 
     async def _write_chunked(self, ops: list[Op]) -> None:
         """One transaction of `ops` on the loop, a chunk at a time (only this writer
@@ -487,19 +462,15 @@ class Journal(JournalReads):
         self.log.warning("journal.full_checkpoint", result="ok" if done else "busy")
         return done
 
-    def _written(self, batch: list[_Pending]) -> bool:
-        """Run the batch's on_written callbacks; did any run?"""
-        ran = False
+    def _written(self, batch: list[_Pending]) -> None:
         for p in batch:
             cb, p.on_written = p.on_written, None
             if cb is None:
                 continue
-            ran = True
             try:
                 cb()
             except Exception as e:  # a caller's bug must not stop the only writer
                 self.log.exception("journal.on_written_failed", e)
-        return ran
 
     def _sync_wal(self) -> None:
         """fsync the WAL: what synchronous=FULL does at each commit. sqlite deletes or

@@ -222,11 +222,6 @@ class AgentCollector:
             "journal commits written on the idle event loop rather than a thread",
             a["journal_inline_commits"],
         )
-        yield counter(
-            "swarm_journal_merged_commits",
-            "journal transactions synced with the commit before them (no fsync of their own)",
-            a.get("journal_merged_commits", 0),
-        )
         yield counter("swarm_journal_ops", "journal records written", a["journal_ops"])
 
 

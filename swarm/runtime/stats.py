@@ -86,9 +86,6 @@ class Stats:
             "members": 0 if ms is None else ms.num_live,
             "journal_commits": self.journal.commits,
             "journal_inline_commits": self.journal.inline_commits,
-            # transactions written into the fsync of the commit before them (a
-            # submission's offer, decided as the submission was written)
-            "journal_merged_commits": self.journal.merged_commits,
             "journal_ops": self.journal.ops_written,
             # null while writes land; else why they fail, since when, how many failed
             "journal_wedged": _attrs_dict(w) if (w := self.journal.wedged) else None,

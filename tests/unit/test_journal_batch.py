@@ -4,7 +4,6 @@ putting a write before an earlier `commit`."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from typing import Any
 
@@ -288,64 +287,5 @@ async def test_a_lazy_write_behind_a_busy_writer_still_goes(
             nursery.cancel_scope.cancel()
         assert _kv(j) == {"a": 1, "b": 1, "c": 1, "d": 1}
         assert j.commits == 2
-    finally:
-        j.close()
-
-
-async def test_a_commit_its_on_written_sets_going_shares_the_fsync(
-    tmp_path: Any, monkeypatch: Any
-) -> None:
-    """A submission is placed as its record is written, and its offer's commit goes
-    in the submission's fsync (written as a second transaction before it): one fsync
-    for both, each waiter answered once it is synced; a failed fsync fails both."""
-    syncs: list[int] = []
-    fail: list[bool] = [False]
-    real = os.fdatasync
-
-    def fdatasync(fd: int) -> None:
-        syncs.append(fd)
-        if fail[0]:
-            raise OSError(5, "injected fsync failure")
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
-    j = jr.Journal(tmp_path / "journal.db", node="n1")
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(j.run)
-            await j.commit([jdb.PutKV("warm", 1)])  # the WAL exists from here
-            syncs.clear()
-            answers: list[str] = []
-
-            async def offer(key: str) -> None:
-                try:
-                    await j.commit([jdb.PutKV(key, 1)])
-                    answers.append(key)
-                except jr.JournalError:
-                    answers.append(f"{key} failed")
-
-            # 20 rounds: trio runs each scheduler pass's tasks in either order, and a
-            # writer that looked once lost the race about half the time
-            for i in range(20):
-                await j.commit(
-                    [jdb.PutKV("sub", i)], on_written=lambda: nursery.start_soon(offer, "offer")
-                )
-                await _until(lambda n=i + 1: len(answers) == n, "the offer's answer")
-            assert answers == ["offer"] * 20
-            assert len(syncs) == 20 and j.merged_commits == 20
-            assert _kv(j) == {"warm": 1, "sub": 19, "offer": 1}
-            answers.clear()
-
-            fail[0] = True
-            try:
-                await j.commit(
-                    [jdb.PutKV("sub2", 1)], on_written=lambda: nursery.start_soon(offer, "offer2")
-                )
-            except jr.JournalError:
-                answers.append("sub2 failed")
-            await _until(lambda: len(answers) == 2, "the second offer's answer")
-            assert sorted(answers) == ["offer2 failed", "sub2 failed"]
-            fail[0] = False
-            nursery.cancel_scope.cancel()
     finally:
         j.close()
