@@ -390,9 +390,8 @@ class Location:
         # cleared; after a final one, the entry gone, tombstoned) need not land soon.
         # Lost in a crash, the restored entry sends its report again, answered again
         # (issue 23: where a queue drains, this was a commit per task at the runner)
-        taken = isinstance(req, h.Report) and reply is not None and reply.ok
-        taken = taken and reply is not None and reply.epoch == req.epoch
-        return self.apply(outs, [req.task_id], now, wall, lazy=taken)
+        took = reply is not None and reply.ok and reply.epoch == req.epoch
+        return self.apply(outs, [req.task_id], now, wall, lazy=isinstance(req, h.Report) and took)
 
     def _taken(self, dest: m.NodeId, req: h.Offer, reply: h.Reply, now: float) -> None:
         """`dest` took our offer (the answer to the offer in flight): it is counted in

@@ -49,7 +49,7 @@ for their size.
 Files are private: the database is created 0600 (sqlite gives its WAL and shared-memory
 files the database's mode) and an existing one is tightened to 0600 at open.
 
-This module is the writer and the readers; the database side (tables, the
+This module is the writer (its reads are journalreads.py); the database side (tables, the
 operations and their SQL, record encoding, file modes, WAL sizing) is
 `journaldb.py`, and its names are importable from here too.
 """
@@ -254,8 +254,7 @@ class Journal(JournalReads):
         the home took its report: the report is sent again and answered again).
         Where a queue drains, these were a commit of their own per task."""
         if self._open is not None:  # a write is queued already: go with it
-            self._flush_lazy()
-            self._open.ops.extend(ops)
+            self.enqueue(ops)
             return
         if not self._lazy:
             self._mark_lazy()
