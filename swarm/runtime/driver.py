@@ -29,12 +29,8 @@ from ..cluster.membership import AppMessage, AppState, Event, EventKind, LoadUpd
 from ..logs import EventLog
 from ..node import events as ev
 from ..node import recovery
-from ..node.arrays import restore_array_progress
-from ..node.doubt import alive_at_of
-from ..node.failover import restore_adopted
-from ..node.gangs import restore_gang_rounds
 from ..node.loadstate import changed_meaningfully
-from ..node.replicas import restore_replicas
+from ..node.restart import restore_journal
 from ..node.state import NodeState, Settings
 from ..policy import gpu as gpupol
 from ..policy import shares as sh
@@ -214,27 +210,8 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
     # ------------------------------------------------------------------ run
 
     def restore(self, kv: dict[str, Any]) -> None:
-        globals_, instrs = recovery.restore(
-            kv, self.clock.wall(), self.state.handoffs, self.table.active, self.state.gpus
-        )
-        if globals_ is not None:
-            self.state.globals = globals_
-        self.state.adopted = restore_adopted(kv)
-        copies = restore_replicas(kv)
-        self.state.mine, self.state.held, self.state.strays = (
-            copies.mine,
-            copies.held,
-            copies.strays,
-        )
-        self.state.gang_rounds, self.state.gang_starts = restore_gang_rounds(kv)
-        self.state.array_progress = restore_array_progress(kv)
-        self._alive_at = alive_at_of(kv)
-        usage = kv.get(USAGE_KEY)
-        if usage is not None:
-            try:
-                self.state.restore_usage(usage)
-            except (TypeError, ValueError) as e:
-                self.log.error("usage.bad_record", error=str(e))
+        """The state's parts from the journal's keys (node/restart.py)."""
+        self._alive_at, instrs = restore_journal(self.state, kv, self.clock.wall())
         for i in instrs:
             self._do(i)  # log lines and journal deletes: nothing here awaits
 

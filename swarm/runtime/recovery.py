@@ -16,6 +16,7 @@ import psutil
 
 from .. import model as m
 from ..logs import EventLog
+from ..node.restart import restart_plan
 from ..policy.shares import ShareLedger
 from . import shim
 from .autoscaler import Autoscaler
@@ -68,31 +69,21 @@ def recover(
     migrator.restore(rec.kv)
     if scaler is not None:
         scaler.restore(rec.kv)  # elastic pools: the last action, the nodes draining
-    requeued = 0
-    S = m.TaskState
-    for t in rec.active:
-        guest = t.spec.home != node and not t.spec.is_global
-        if guest and t.id not in coord.guest.entries:
-            table.forget(t.id)  # it moved on while we were down
-            continue
-        if t.node != node:
-            continue  # a home record of a task that lives elsewhere
-        if t.state is S.RUNNING and t.id in outlived:
-            # it outlived the agent under its supervisor: still running, or its end is
-            # known; never run again (runner._adopt_all watches it or records the end)
-            ledger.add(t.spec)
-            runner.adopting[t.id] = outlived[t.id]
-            continue
-        if t.state in (S.RUNNING, S.MIGRATING):
-            if t.spec.no_retry and not guest:
-                table.change(t.id, S.FAILED, "agent restarted while task was running (--no-retry)")
-                continue
-            table.change(t.id, S.QUEUED, "agent restarted: will run again", node=node)
-            requeued += 1
-        t = table.active[t.id]
-        if t.state is S.QUEUED and (guest or t.spec.is_global):
-            ledger.add(t.spec)
-            runner.enqueue(t.id)
+    plan = restart_plan(node, rec.active, coord.guest.entries, outlived)
+    for tid in plan.forget:
+        table.forget(tid)  # it moved on while we were down
+    for tid in plan.watch:
+        # it outlived the agent under its supervisor: still running, or its end is
+        # known; never run again (runner._adopt_all watches it or records the end)
+        ledger.add(table.active[tid].spec)
+        runner.adopting[tid] = outlived[tid]
+    for tid in plan.fail:
+        table.change(tid, m.TaskState.FAILED, "agent restarted while task was running (--no-retry)")
+    for tid in plan.requeue:
+        table.change(tid, m.TaskState.QUEUED, "agent restarted: will run again", node=node)
+    for tid in plan.enqueue:
+        ledger.add(table.active[tid].spec)
+        runner.enqueue(tid)
     # the pool's directories (statusdirs.py) a crash left that no row names
     runner.status_dirs.sweep(Path(sup[1]) for sup in rec.shims.values())
     for tid, what in outlived.items():
@@ -106,7 +97,7 @@ def recover(
         log.info(
             "agent.recovered",
             tasks=len(rec.active),
-            requeued=requeued,
+            requeued=len(plan.requeue),
             reattached=sum(isinstance(w, shim.Shim) for w in runner.adopting.values()),
             ended_while_down=sum(isinstance(w, ProcessResult) for w in runner.adopting.values()),
         )

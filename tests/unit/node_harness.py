@@ -12,7 +12,11 @@ from typing import Any
 
 from swarm import model as m
 from swarm.cluster import handoff as h
+from swarm.cluster.succession import GONE
 from swarm.node import events as ev
+from swarm.node.records import TaskRecords
+from swarm.node.recovery import GUEST, REPLICAS, STRAYS, interrupted_offers
+from swarm.node.restart import restart_plan, restore_journal
 from swarm.node.state import NodeState, Settings
 from swarm.policy import gpu as gpupol
 from swarm.policy import shares as sh
@@ -30,18 +34,18 @@ class FakeNode:
         settings: Settings | None = None,
     ) -> None:
         self.name = name
+        self.shares, self.gpu_devices = shares, gpu_devices
+        self.settings = settings or Settings(breaks=frozenset(breaks))
         self.queue: deque[m.TaskId] = deque()
         self.running: set[m.TaskId] = set()
-        self.ledger = sh.ShareLedger(shares)
-        self.state = NodeState(
-            name,
-            ledger=self.ledger,
-            settings=settings or Settings(breaks=frozenset(breaks)),
-            gpu_devices=gpu_devices,
-            queued=self.queue,
-            running=self.running,
-        )
+        self.state = self._new_state(TaskRecords(), 0.0)
         self.kv: dict[str, Any] = {}
+        # the journal, for restarts: what landed, and what was written since the last
+        # durable write (a crash keeps a prefix of it: the journal writes in order)
+        self.landed_kv: dict[str, Any] = {}
+        self.landed_tasks: dict[m.TaskId, m.Task] = {}
+        self.unsynced: list[tuple[str, Any, Any]] = []
+        self.restarts = 0
         self.outbox: deque[h.Send] = deque()
         self.placements: list[m.TaskId] = []
         self.outcomes: list[tuple[m.TaskId, bool, str]] = []
@@ -63,12 +67,20 @@ class FakeNode:
             if isinstance(i, ev.Record):
                 if i.task.state.terminal:
                     self.finals[i.task.id] = self.finals.get(i.task.id, 0) + 1
+                self.journal(("task", i.task.id, i.task), i.durable)
+            elif isinstance(i, ev.Forget):
+                self.forgotten.append(i.task_id)
+                self.journal(("forget", i.task_id, None))
             elif isinstance(i, ev.Persist):
                 for op in i.ops:
                     if isinstance(op, ev.Put):
                         self.kv[op.key] = op.value
+                        self.journal(("put", op.key, op.value))
                     else:
                         self.kv.pop(op.key, None)
+                        self.journal(("del", op.key, None))
+                if i.durable:
+                    self.sync()
             elif isinstance(i, ev.Enqueue):
                 if i.front:
                     self.queue.appendleft(i.task_id)
@@ -99,8 +111,6 @@ class FakeNode:
                 self.notices_out.append(i)
             elif isinstance(i, ev.SendReplica):
                 self.replica_out.append(i)
-            elif isinstance(i, ev.Forget):
-                self.forgotten.append(i.task_id)
             elif isinstance(i, ev.AskLease):
                 self.asks.append(i)
             elif isinstance(i, ev.RenewLease):
@@ -108,11 +118,110 @@ class FakeNode:
             elif isinstance(i, ev.Later):
                 self.run(list(i.instructions))
 
+    def _new_state(self, records: TaskRecords, wall: float) -> NodeState:
+        self.ledger = sh.ShareLedger(self.shares)
+        return NodeState(
+            self.name,
+            ledger=self.ledger,
+            records=records,
+            settings=self.settings,
+            gpu_devices=self.gpu_devices,
+            queued=self.queue,
+            running=self.running,
+            wall=wall,
+        )
+
+    # ------------------------------------------------------------ journal
+
+    def journal(self, op: tuple[str, Any, Any], durable: bool = False) -> None:
+        self.unsynced.append(op)
+        if durable:
+            self.sync()
+
+    def sync(self, keep: int | None = None) -> None:
+        """What was written lands (`keep`: only its first so many ops; the rest is
+        lost, as in a crash before the journal wrote them)."""
+        for kind, key, value in self.unsynced[:keep]:
+            if kind == "task":
+                self.landed_tasks[key] = value
+            elif kind == "forget":
+                self.landed_tasks.pop(key, None)
+            elif kind == "put":
+                self.landed_kv[key] = value
+            else:
+                self.landed_kv.pop(key, None)
+        self.unsynced.clear()
+
+    def restart(
+        self,
+        keep: int,
+        members: tuple[tuple[m.NodeId, m.MemberState], ...],
+        now: float,
+        wall: float,
+    ) -> None:
+        """The agent is killed (the first `keep` ops written since the last durable
+        write land, the rest are lost; its processes run on under their supervisor)
+        and starts again from its journal, as runtime/recovery.py `recover` and
+        runtime/driver.py `restore` and `run` bring it back (node/restart.py)."""
+        self.sync(keep)
+        self.restarts += 1
+        self.kv = dict(self.landed_kv)
+        self.outbox.clear()
+        self.replica_out.clear()
+        self.notices_out.clear()
+        self.queue.clear()
+        records = TaskRecords()
+        active = sorted(
+            (t for t in self.landed_tasks.values() if not t.state.terminal),
+            key=lambda t: (t.created_at, t.id),
+        )
+        owed = {k.split(":", 1)[1] for k in self.kv if k.startswith((GUEST, REPLICAS, STRAYS))}
+        for t in self.landed_tasks.values():
+            if not t.state.terminal or t.id in owed:
+                records.store(t)
+        # a process outlives the agent under its supervisor; one whose RUNNING record
+        # did not land is killed at the restart (recovery.py: nobody would watch it)
+        outlived = {t.id for t in active if t.state is S.RUNNING and t.node == self.name}
+        self.running.intersection_update(outlived)
+        self.state = self._new_state(records, wall)
+        alive_at, instrs = restore_journal(self.state, self.kv, wall)
+        self.run(instrs)
+        plan = restart_plan(self.name, active, self.state.handoffs.guest.entries, self.running)
+        st = self.state
+        for tid in plan.forget:
+            st.records.forget(tid)
+            self.journal(("forget", tid, None))
+        for tid in plan.watch:
+            self.ledger.add(st.records.active[tid].spec)
+        for tid in plan.fail:
+            t = st.records.apply(tid, S.FAILED, wall, "agent restarted (--no-retry)")
+            self.run([ev.Record(t)])
+        for tid in plan.requeue:
+            t = st.records.apply(tid, S.QUEUED, wall, "agent restarted", node=self.name)
+            self.run([ev.Record(t)])
+        for tid in plan.enqueue:
+            self.ledger.add(st.records.active[tid].spec)
+            self.queue.append(tid)
+        for tid in interrupted_offers(st.records.active, st.handoffs):
+            t = st.records.apply(tid, S.QUEUED, wall, "offer interrupted", node=self.name)
+            self.run([ev.Record(t)])
+        # the view it rejoins (runtime/failoverio.py `_members_seen`: a holder of our
+        # tasks that died while we were down is dead in it, with no event)
+        sid = f"{self.name}/restart{self.restarts}"
+        stimuli: list[ev.Event] = [ev.MembersSeen(now, wall, sid, members)]
+        for node, state in members:
+            if node != self.name and state in GONE and st.holds_at(node):
+                stimuli.append(ev.NodeDead(now, wall, f"{sid}/{node}", node))
+        self.run(st.handle(*stimuli))
+        self.run(st.restarted_after(now, wall, alive_at))
+
     # ------------------------------------------------------- what a runner does
 
     def submit(self, spec: m.TaskSpec, wall: float = 0.0) -> m.TaskSpec:
         spec = m.TaskSpec(**{**_fields(spec), "home": self.name})
-        self.state.records.store(m.new_task(spec, wall, self.name))
+        task = m.new_task(spec, wall, self.name)
+        self.state.records.store(task)
+        self.journal(("task", task.id, task))  # durable with the caller's next write
         return spec
 
     def run_here(self, tid: m.TaskId, now: float = 0.0) -> None:
@@ -129,6 +238,7 @@ class FakeNode:
         self.queue.remove(tid)
         self.running.add(tid)
         started = self.state.records.apply(tid, S.RUNNING, wall, "started", node=self.name)
+        self.journal(("task", tid, started))
         self.run(self.state.on_started(started, now, wall))
         return None
 

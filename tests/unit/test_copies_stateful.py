@@ -6,8 +6,11 @@ a fake network. Hypothesis, then long seeded random walks, drive submissions, th
 copy's hold (before or after the task's handoff, as the real home asks for both at
 once), offers, deliveries, moves of queued tasks (back home or on to the third node,
 as a runner's transfers do), starts, ends, failover ticks that carry the copies' news,
-views that hear the other nodes anew (their copies asked about, node/copyasks.py)
-and the permanent loss of one node. After every step:
+views that hear the other nodes anew (their copies asked about, node/copyasks.py),
+agent restarts (a node killed and started again from its journal at once, through
+node/restart.py's rules as the agent's start: of what it wrote since its last durable
+write, only a prefix landed; its requests in flight died with it) and the permanent
+loss of one node. After every step:
 
 - while every node lives, each acknowledged task that has not ended is held by two
   nodes at least (its home's record, a runner's entry, a copy not yet released);
@@ -18,6 +21,9 @@ live copy of a task that ended at its live home carries how it ended (chaos
 `copy-learns-the-end`; the first node asked whose answer was lost holds a copy too,
 and a stand-in was asked: with its release to such a stray removed, 27 of the 150
 walks fail).
+
+Restarts (stop 52) found no hole: 1,000 walks of 150 steps and 300 of 400 passed, and
+the invariant fails at once if a copy's hold is written without waiting for it.
 
 The first found the hole closed at stop 45: a copy asked of the node the task had
 just been handed to was not kept there, so once the task moved back home only its
@@ -43,7 +49,16 @@ from .node_harness import FakeNet, FakeNode
 
 S = m.TaskState
 NAMES = ("A", "B", "C")
-SEEN = ("moved_home", "moved_on", "copied_after_handoff", "stand_in", "asked")
+SEEN = (
+    "moved_home",
+    "moved_on",
+    "copied_after_handoff",
+    "stand_in",
+    "asked",
+    "restarts",
+    "restarts_busy",
+    "ops_lost",
+)
 GRACE = 5.0
 ALIVE, DEAD = m.MemberState.ALIVE, m.MemberState.DEAD
 
@@ -81,7 +96,8 @@ class Copies(RuleBasedStateMachine):
         k, order = node.state.choose_replicas(spec.id, list(NAMES))
         assert k == 1 and len(order) == 2
         self.plans[spec.id] = order
-        node.run([ev.Persist((node.state.replicas_planned(spec.id, order[:1]),))])
+        # ... durably, in one commit (the answer waits for it)
+        node.run([ev.Persist((node.state.replicas_planned(spec.id, order[:1]),), durable=True)])
 
     @precondition(lambda self: bool(self.uncopied) and not self.net.dead)
     @rule(data=st.data(), lost=st.booleans())
@@ -226,6 +242,33 @@ class Copies(RuleBasedStateMachine):
             others = {n.name for n in self._live()} - {name}
             self.nodes[name].state.homes_back |= others
 
+    @rule(name=st.sampled_from(NAMES), data=st.data())
+    def restart(self, name: str, data: st.DataObject) -> None:
+        """`name`'s agent is killed and starts again at once, from its journal."""
+        if name not in self.net.dead:
+            lost = len(self.nodes[name].unsynced)
+            self.restart_one(name, data.draw(st.integers(0, lost)))
+
+    def restart_one(self, name: str, keep: int) -> None:
+        """Of what it wrote since its last durable write, only the first `keep` ops
+        landed (the journal writes in order); what it was asking of others dies with
+        it: a submission still waiting for its copy was never answered."""
+        node = self.nodes[name]
+        self.seen["restarts"] += 1
+        st_ = node.state
+        busy = (
+            st_.guest.entries
+            or st_.held
+            or any(e.phase is not h.HomePhase.LOCAL for e in st_.handoffs.home.entries.values())
+        )
+        self.seen["restarts_busy"] += bool(busy)
+        self.seen["ops_lost"] += len(node.unsynced) - keep
+        members = tuple((n, DEAD if n in self.net.dead else ALIVE) for n in NAMES)
+        node.restart(keep, members, self.now, 1000.0 + self.now)
+        for tid in [t for t, spec in self.uncopied.items() if spec.home == name]:
+            del self.uncopied[tid]
+            del self.plans[tid]
+
     @precondition(lambda self: not self.net.dead)
     @rule(name=st.sampled_from(NAMES))
     def kill(self, name: str) -> None:
@@ -352,6 +395,11 @@ def _step(mch: Copies, rng: random.Random) -> None:
         lambda: mch.tick(rng.uniform(0.1, 8.0)),
         lambda: rng.random() < 0.1 and not mch.net.dead and mch.kill(n),
         lambda: mch.hears_anew(n),
+        lambda: (
+            rng.random() < 0.3
+            and n not in mch.net.dead
+            and mch.restart_one(n, rng.randint(0, len(mch.nodes[n].unsynced)))
+        ),
     ]
     rng.choice(actions)()
 
