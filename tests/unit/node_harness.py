@@ -50,6 +50,7 @@ class FakeNode:
         self.placements: list[m.TaskId] = []
         self.outcomes: list[tuple[m.TaskId, bool, str]] = []
         self.finals: dict[m.TaskId, int] = {}  # terminal records journaled, per task
+        self.home_finals: dict[m.TaskId, int] = {}  # ... those journaled as its home
         self.stopped: list[m.TaskId] = []
         self.preempted: list[ev.Preempt] = []
         self.logs: list[str] = []
@@ -67,6 +68,8 @@ class FakeNode:
             if isinstance(i, ev.Record):
                 if i.task.state.terminal:
                     self.finals[i.task.id] = self.finals.get(i.task.id, 0) + 1
+                    if i.task.spec.home == self.name:  # as its home (adopted: since)
+                        self.home_finals[i.task.id] = self.home_finals.get(i.task.id, 0) + 1
                 self.journal(("task", i.task.id, i.task), i.durable)
             elif isinstance(i, ev.Forget):
                 self.forgotten.append(i.task_id)
@@ -214,6 +217,16 @@ class FakeNode:
                 stimuli.append(ev.NodeDead(now, wall, f"{sid}/{node}", node))
         self.run(st.handle(*stimuli))
         self.run(st.restarted_after(now, wall, alive_at))
+        # driver.run: each queued task of ours not in the run queue is placed again
+        self.placements = [
+            t.id
+            for t in st.records.active.values()
+            if t.spec.home == self.name
+            and t.node == self.name
+            and not t.spec.is_global
+            and t.state is S.QUEUED
+            and t.id not in self.ledger
+        ]
 
     # ------------------------------------------------------- what a runner does
 
@@ -221,7 +234,7 @@ class FakeNode:
         spec = m.TaskSpec(**{**_fields(spec), "home": self.name})
         task = m.new_task(spec, wall, self.name)
         self.state.records.store(task)
-        self.journal(("task", task.id, task))  # durable with the caller's next write
+        self.journal(("task", task.id, task), durable=True)  # before the answer
         return spec
 
     def run_here(self, tid: m.TaskId, now: float = 0.0) -> None:

@@ -296,6 +296,31 @@ def test_a_task_nobody_could_take_over_is_placed_at_once_after_a_long_absence() 
     assert "t1" in a.queue
 
 
+def test_a_doubted_task_whose_runner_dies_during_the_doubt_is_placed_at_its_end() -> None:
+    """Found by the stateful test's restarts (stop 52): a home back after its grace,
+    its task queued at its runner with no copies (--replicas 1, or two nodes), the
+    runner dead during the doubt: the task came back home, its placement waited for
+    the doubt's end, the failover tick released its succession record (nothing else
+    could take it over now), and the doubt's end dropped the placement: queued at its
+    home for ever."""
+    from swarm.node.doubt import DOUBT_MIN
+
+    a, *_ = _held_at_b(start=False)
+    a.run(a.state.restarted_after(100.0, 1100.0, alive_at=0.0))  # down long
+    assert "t1" in a.state.doubted
+    a.run(a.state.on_node_dead("B", 101.0, 1101.0))  # back home, to be placed
+    assert a.placements == ["t1"] and a.state.records.active["t1"].node == "A"
+    a.placements.clear()
+    a.run(a.state.place("t1", 101.0, 1101.0))
+    assert "t1" in a.state.deferred
+    _tick(a, 102.0)  # releases the record: nothing elsewhere holds it now
+    assert a.state.succession.record("t1") is None
+    _tick(a, 100.0 + DOUBT_MIN)
+    assert a.placements == ["t1"] and not a.state.deferred
+    a.run(a.state.place("t1", 111.0, 1111.0))
+    assert "t1" in a.queue
+
+
 def test_the_heartbeat_is_journaled_every_few_seconds_while_a_task_is_active() -> None:
     from swarm.node.doubt import ALIVE_EVERY
     from swarm.node.recovery import ALIVE_AT
