@@ -161,11 +161,13 @@ class FakeNode:
         members: tuple[tuple[m.NodeId, m.MemberState], ...],
         now: float,
         wall: float,
+        outlive: bool = True,
     ) -> None:
         """The agent is killed (the first `keep` ops written since the last durable
-        write land, the rest are lost; its processes run on under their supervisor)
-        and starts again from its journal, as runtime/recovery.py `recover` and
-        runtime/driver.py `restore` and `run` bring it back (node/restart.py)."""
+        write land, the rest are lost; its processes run on under their supervisor,
+        or, `outlive` False, die with it: a host's reboot) and starts again from its
+        journal, as runtime/recovery.py `recover` and runtime/driver.py `restore` and
+        `run` bring it back (node/restart.py)."""
         self.sync(keep)
         self.restarts += 1
         self.kv = dict(self.landed_kv)
@@ -185,7 +187,7 @@ class FakeNode:
         # a process outlives the agent under its supervisor; one whose RUNNING record
         # did not land is killed at the restart (recovery.py: nobody would watch it)
         outlived = {t.id for t in active if t.state is S.RUNNING and t.node == self.name}
-        self.running.intersection_update(outlived)
+        self.running.intersection_update(outlived if outlive else ())
         self.state = self._new_state(records, wall)
         alive_at, instrs = restore_journal(self.state, self.kv, wall)
         self.run(instrs)

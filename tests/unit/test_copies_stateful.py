@@ -247,9 +247,9 @@ class Copies(RuleBasedStateMachine):
         """`name`'s agent is killed and starts again at once, from its journal."""
         if name not in self.net.dead:
             lost = len(self.nodes[name].unsynced)
-            self.restart_one(name, data.draw(st.integers(0, lost)))
+            self.restart_one(name, data.draw(st.integers(0, lost)), data.draw(st.booleans()))
 
-    def restart_one(self, name: str, keep: int) -> None:
+    def restart_one(self, name: str, keep: int, outlive: bool = True) -> None:
         """Of what it wrote since its last durable write, only the first `keep` ops
         landed (the journal writes in order); what it was asking of others dies with
         it: a submission still waiting for its copy was never answered."""
@@ -264,7 +264,7 @@ class Copies(RuleBasedStateMachine):
         self.seen["restarts_busy"] += bool(busy)
         self.seen["ops_lost"] += len(node.unsynced) - keep
         members = tuple((n, DEAD if n in self.net.dead else ALIVE) for n in NAMES)
-        node.restart(keep, members, self.now, 1000.0 + self.now)
+        node.restart(keep, members, self.now, 1000.0 + self.now, outlive)
         for tid in [t for t, spec in self.uncopied.items() if spec.home == name]:
             del self.uncopied[tid]
             del self.plans[tid]
@@ -398,7 +398,7 @@ def _step(mch: Copies, rng: random.Random) -> None:
         lambda: (
             rng.random() < 0.3
             and n not in mch.net.dead
-            and mch.restart_one(n, rng.randint(0, len(mch.nodes[n].unsynced)))
+            and mch.restart_one(n, rng.randint(0, len(mch.nodes[n].unsynced)), rng.random() < 0.7)
         ),
     ]
     rng.choice(actions)()

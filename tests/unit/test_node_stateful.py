@@ -171,13 +171,14 @@ class ThreeNodes(RuleBasedStateMachine):
         under their supervisor: node_harness.py `restart`)."""
         node = self.nodes[name]
         if name not in self.net.dead:
-            self.restart_one(name, data.draw(st.integers(0, len(node.unsynced))))
+            keep = data.draw(st.integers(0, len(node.unsynced)))
+            self.restart_one(name, keep, data.draw(st.booleans()))
 
-    def restart_one(self, name: str, keep: int) -> None:
+    def restart_one(self, name: str, keep: int, outlive: bool = True) -> None:
         members = tuple(
             (n, m.MemberState.DEAD if n in self.net.dead else m.MemberState.ALIVE) for n in NAMES
         )
-        self.nodes[name].restart(keep, members, self.now, self.now)
+        self.nodes[name].restart(keep, members, self.now, self.now, outlive)
         self.restarts += 1
         _event("a node restarted")
 
@@ -286,7 +287,7 @@ def _step(mch: ThreeNodes, rng: random.Random) -> None:
         lambda: (
             rng.random() < 0.3
             and n not in mch.net.dead
-            and mch.restart_one(n, rng.randint(0, len(mch.nodes[n].unsynced)))
+            and mch.restart_one(n, rng.randint(0, len(mch.nodes[n].unsynced)), rng.random() < 0.7)
         ),
     ]
     actions[r]()
