@@ -21,6 +21,15 @@ array and index), with `SWARM_ARRAY_ID`/`SWARM_ARRAY_INDEX` in its environment a
   array's progress (`array:<id>`: the next element, counts, the worst exit) after
   them, so a restarted home goes on from where it was, never creating an element
   twice: an element found among the records past the journaled `next` moves it on.
+  Each element also has a mark (`aelem:<id>`) from its creation until the progress
+  that counts its end: put and deleted in the progress's own write, so a mark says
+  exactly "its end is not in the journaled counts". A restart counts the ended
+  elements that still have one (the journal reads their records back, as it reads
+  those owed to a home or to copies). Before stop 52 it counted those that ended
+  after the progress's wall time, among the records in memory: an element that ended
+  just before a crash, its count not yet journaled, was never counted (its record is
+  not read back), and the array could end `succeeded` with a failed element
+  (found by tests/unit/test_arrays_restart_stateful.py).
 - An element's end reaches its array at once: when it ends here, and when its
   runner's report of the end reaches the home (node/location.py). A look at the
   unfinished ones every `TICK` seconds while an array is active (at most K or WINDOW
@@ -42,6 +51,7 @@ from . import events as ev
 
 S = m.TaskState
 ARRAY = "array:"  # journal key: array:<id> -> progress (ArrayState.record)
+MARK = "aelem:"  # journal key: aelem:<element id> -> array id, while its end is uncounted
 WINDOW = 10_000  # unfinished elements of an array without a cap
 CHUNK = 256  # elements created (and placed) per turn: the event loop breathes between
 TICK = 2.0  # seconds between looks at an active array's unfinished elements
@@ -64,6 +74,8 @@ class ArrayState:
     worst: int = 0  # the highest exit status of an element that did not succeed
     cancelled: str = ""  # why, once `swarm cancel ID` came: nothing more is created
     counted: bool = False  # ends counted since the progress was last journaled
+    unmarked: set[m.TaskId] = attrs.field(factory=set)  # live, their mark not journaled
+    unmark: set[m.TaskId] = attrs.field(factory=set)  # counted, their mark still there
 
     def record(self, wall: float) -> dict[str, Any]:
         return {
@@ -71,8 +83,20 @@ class ArrayState:
             "done": dict(self.done),
             "worst": self.worst,
             "cancelled": self.cancelled,
-            "at": wall,  # elements that ended after this are not in `done`
+            "at": wall,
+            "marks": True,  # the elements' marks say which ends are counted (not `at`)
         }
+
+    def progress(self, tid: m.TaskId, wall: float) -> ev.Persist:
+        """The progress, with the marks of the elements made and counted since the
+        last one, in one write (so a mark is there exactly while its end is not in
+        `done`)."""
+        ops: list[ev.Put | ev.Delete] = [ev.Put(ARRAY + tid, self.record(wall))]
+        ops += [ev.Put(MARK + e, tid) for e in sorted(self.unmarked)]
+        ops += [ev.Delete(MARK + e) for e in sorted(self.unmark)]
+        self.unmarked.clear()
+        self.unmark.clear()
+        return ev.Persist(tuple(ops))
 
     @property
     def limit(self) -> int:
@@ -94,10 +118,12 @@ class Arrays:
     due: dict[str, float]
     arrays: dict[m.TaskId, ArrayState]
     array_progress: dict[m.TaskId, dict[str, Any]]  # journaled, read at start-up
+    array_marks: set[m.TaskId]  # elements whose end the journaled progress has not counted
 
     def init_arrays(self) -> None:
         self.arrays = {}
         self.array_progress = {}
+        self.array_marks = set()
 
     # ------------------------------------------------------------------ reads
 
@@ -147,13 +173,27 @@ class Arrays:
             a.worst = int(saved.get("worst", 0))
             a.cancelled = str(saved.get("cancelled", ""))
         at = float(saved.get("at", 0.0)) if saved else 0.0
+        by_marks = bool(saved.get("marks")) if saved else True
         for e in self._elements_of(tid):  # created before a restart
             assert e.spec.element is not None
             a.next = max(a.next, self._rank_after(a.spec, e.spec.element.index))
+            marked = e.id in self.array_marks
+            self.array_marks.discard(e.id)
             if not e.state.terminal:
                 a.live.add(e.id)
-            elif (e.finished_at or 0.0) > at:  # ended after the progress was journaled
+                if not marked:
+                    a.unmarked.add(e.id)  # its mark was lost with the progress
+            elif marked if by_marks else (e.finished_at or 0.0) > at:
+                # its end is not in the journaled counts (a journal from before the
+                # marks: it ended after the progress was journaled)
                 self._count(a, e)
+                a.unmark.add(e.id)
+        if a.unmarked or a.unmark:
+            # journal the progress and the marks at once, not at the next end: a crash
+            # before then re-created an element that had run (it was found live here,
+            # its mark and progress lost; then it ended, and its record is not read
+            # back: the stateful test's walks)
+            a.counted = True
         self.arrays[tid] = a
         return self._fill(tid, a, now, wall)
 
@@ -202,7 +242,7 @@ class Arrays:
         if a is None:
             return [], []
         a.cancelled = a.cancelled or why
-        out: list[ev.Instruction] = [ev.Persist((ev.Put(ARRAY + tid, a.record(wall)),))]
+        out: list[ev.Instruction] = [a.progress(tid, wall)]
         if a.finished():
             out += self._end(tid, a, wall)
         return sorted(a.live), out
@@ -239,6 +279,10 @@ class Arrays:
         for t in ended:
             a.live.discard(t.id)
             self._count(a, t)
+            if t.id in a.unmarked:
+                a.unmarked.discard(t.id)  # its mark was never written
+            else:
+                a.unmark.add(t.id)
         a.counted = True
         if a.finished():
             return self._fill(tid, a, now, wall)
@@ -281,13 +325,14 @@ class Arrays:
             task = m.new_task(spec, wall, self.node, f"element {index} of array {tid}")
             self.records.store(task)
             a.live.add(eid)
+            a.unmarked.add(eid)
             made.append(eid)
             out.append(ev.Record(task))
         if made:
             out.append(ev.PlaceMany(tuple(made)))
         if made or a.counted:
             a.counted = False
-            out.append(ev.Persist((ev.Put(ARRAY + tid, a.record(wall)),)))
+            out.append(a.progress(tid, wall))
         if made and rec.state is S.QUEUED:
             new = self.records.apply(tid, S.RUNNING, wall, "elements placed", node=self.node)
             out.insert(0, ev.Record(new))
@@ -305,7 +350,8 @@ class Arrays:
     def _end(self, tid: m.TaskId, a: ArrayState, wall: float) -> list[ev.Instruction]:
         del self.arrays[tid]
         t = self.records.active.get(tid)
-        out: list[ev.Instruction] = [ev.Persist((ev.Delete(ARRAY + tid),))]
+        marks = [ev.Delete(MARK + e) for e in sorted(a.unmark)]
+        out: list[ev.Instruction] = [ev.Persist((ev.Delete(ARRAY + tid), *marks))]
         if t is None:
             return out
         total = sum(a.done.values())
@@ -322,6 +368,11 @@ class Arrays:
             out.append(ev.Record(t))
         new = self.records.apply(tid, dst, wall, why, exit_code=code)
         return [*out, ev.Record(new, durable=True)]
+
+
+def restore_array_marks(kv: dict[str, Any]) -> set[m.TaskId]:
+    """The elements whose end the journaled progress has not counted (keys aelem:)."""
+    return {k[len(MARK) :] for k in kv if k.startswith(MARK)}
 
 
 def restore_array_progress(kv: dict[str, Any]) -> dict[m.TaskId, dict[str, Any]]:

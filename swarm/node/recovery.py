@@ -15,6 +15,8 @@ Keys (the task records themselves are rows of their own, not keys):
   marr:<id>    a migrated task's arrival record (moves.py)
   alive_at     wall time of this agent's last heartbeat (while a task was active): how
                long it was down (doubt.py)
+  array:<id>   an array's progress (arrays.py)
+  aelem:<id>   an array element whose end that progress has not counted yet (arrays.py)
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ the tests drive.
   moved on while the node was down (forgotten); a task running here that outlived the
   agent under its supervisor is watched again, never run twice; one that did not runs
   again (queued), but a `--no-retry` one at its home fails; a queued guest or global
-  task goes back into the run queue.
+  task goes back into the run queue. An array's record is left as it is (it runs no
+  process; before stop 52 a RUNNING one was re-queued, and a `--no-retry` one failed,
+  while its elements went on).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import attrs
 from .. import model as m
 from . import events as ev
 from . import recovery
-from .arrays import restore_array_progress
+from .arrays import restore_array_marks, restore_array_progress
 from .doubt import alive_at_of
 from .failover import restore_adopted
 from .gangs import restore_gang_rounds
@@ -53,6 +55,7 @@ def restore_journal(
     state.mine, state.held, state.strays = copies.mine, copies.held, copies.strays
     state.gang_rounds, state.gang_starts = restore_gang_rounds(kv)
     state.array_progress = restore_array_progress(kv)
+    state.array_marks = restore_array_marks(kv)
     usage = kv.get(USAGE_KEY)
     if usage is not None:
         try:
@@ -94,6 +97,8 @@ def restart_plan(
             continue
         if t.node != node:
             continue  # a home record of a task that lives elsewhere
+        if t.spec.array:
+            continue  # an array's record runs no process: its elements go on (arrays.py)
         if t.state is S.RUNNING and t.id in outlived:
             watch.append(t.id)
             continue

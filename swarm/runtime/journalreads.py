@@ -14,6 +14,7 @@ import trio
 from .. import model as m
 from .. import wire
 from ..logs import EventLog
+from ..node.arrays import MARK
 from ..node.recovery import REPLICAS, STRAYS
 from .journaldb import Recovered, decode_event, decode_task
 
@@ -55,8 +56,10 @@ class JournalReads:
         # with a guest entry (their result not yet acknowledged by their home), and our
         # own whose copies or stray copies are still owed their release (it carries how
         # the task ended: chaos late-binding at stop 45, a release sent after a restart
-        # without it reached a stray before its copy, which then stayed `queued`)
-        ids = sorted({k.split(":", 1)[1] for k in kv if k.startswith(("guest:", REPLICAS, STRAYS))})
+        # without it reached a stray before its copy, which then stayed `queued`), and
+        # array elements whose end their array's journaled counts miss (node/arrays.py)
+        owed_keys = ("guest:", REPLICAS, STRAYS, MARK)
+        ids = sorted({k.split(":", 1)[1] for k in kv if k.startswith(owed_keys)})
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
             marks = ",".join("?" * len(chunk))

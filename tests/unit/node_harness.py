@@ -14,6 +14,7 @@ from swarm import model as m
 from swarm.cluster import handoff as h
 from swarm.cluster.succession import GONE
 from swarm.node import events as ev
+from swarm.node.arrays import MARK
 from swarm.node.records import TaskRecords
 from swarm.node.recovery import GUEST, REPLICAS, STRAYS, interrupted_offers
 from swarm.node.restart import restart_plan, restore_journal
@@ -78,12 +79,11 @@ class FakeNode:
                 for op in i.ops:
                     if isinstance(op, ev.Put):
                         self.kv[op.key] = op.value
-                        self.journal(("put", op.key, op.value))
                     else:
                         self.kv.pop(op.key, None)
-                        self.journal(("del", op.key, None))
-                if i.durable:
-                    self.sync()
+                # one write, all or nothing (the journal commits each enqueued list
+                # in one transaction)
+                self.journal(("ops", None, i.ops), i.durable)
             elif isinstance(i, ev.Enqueue):
                 if i.front:
                     self.queue.appendleft(i.task_id)
@@ -142,17 +142,20 @@ class FakeNode:
             self.sync()
 
     def sync(self, keep: int | None = None) -> None:
-        """What was written lands (`keep`: only its first so many ops; the rest is
-        lost, as in a crash before the journal wrote them)."""
+        """What was written lands (`keep`: only its first so many writes, each a
+        record or a Persist's ops; the rest is lost, as in a crash before the journal
+        wrote them)."""
         for kind, key, value in self.unsynced[:keep]:
             if kind == "task":
                 self.landed_tasks[key] = value
             elif kind == "forget":
                 self.landed_tasks.pop(key, None)
-            elif kind == "put":
-                self.landed_kv[key] = value
             else:
-                self.landed_kv.pop(key, None)
+                for op in value:
+                    if isinstance(op, ev.Put):
+                        self.landed_kv[op.key] = op.value
+                    else:
+                        self.landed_kv.pop(op.key, None)
         self.unsynced.clear()
 
     def restart(
@@ -180,7 +183,8 @@ class FakeNode:
             (t for t in self.landed_tasks.values() if not t.state.terminal),
             key=lambda t: (t.created_at, t.id),
         )
-        owed = {k.split(":", 1)[1] for k in self.kv if k.startswith((GUEST, REPLICAS, STRAYS))}
+        owed_keys = (GUEST, REPLICAS, STRAYS, MARK)  # as runtime/journalreads.py
+        owed = {k.split(":", 1)[1] for k in self.kv if k.startswith(owed_keys)}
         for t in self.landed_tasks.values():
             if not t.state.terminal or t.id in owed:
                 records.store(t)
@@ -207,28 +211,31 @@ class FakeNode:
         for tid in plan.enqueue:
             self.ledger.add(st.records.active[tid].spec)
             self.queue.append(tid)
+        # driver.run: the timers, offers a crash cut short, the restart's doubt, then
+        # each task of ours: an array goes on from its progress, one waiting for its
+        # parents is judged again (groupio.py `resume_group`), a queued one is placed
+        self.run(st.start_timers(now))
         for tid in interrupted_offers(st.records.active, st.handoffs):
             t = st.records.apply(tid, S.QUEUED, wall, "offer interrupted", node=self.name)
             self.run([ev.Record(t)])
-        # the view it rejoins (runtime/failoverio.py `_members_seen`: a holder of our
-        # tasks that died while we were down is dead in it, with no event)
+        self.run(st.restarted_after(now, wall, alive_at))
+        self.placements = []
+        for t in list(st.records.active.values()):
+            mine = t.spec.home == self.name and t.node == self.name and not t.spec.is_global
+            if mine and t.spec.after and t.state is S.QUEUED and t.id not in self.ledger:
+                self.run(st.handle(ev.DepsSubmitted(now, wall, f"{t.id}/deps", t.id)))
+            elif mine and t.spec.array:
+                self.run(st.handle(ev.ArraySubmitted(now, wall, f"{t.id}/array", t.id)))
+            elif mine and t.state is S.QUEUED and t.id not in self.ledger:
+                self.placements.append(t.id)
+        # then the view it rejoins (runtime/failoverio.py `_members_seen`: a holder of
+        # our tasks that died while we were down is dead in it, with no event)
         sid = f"{self.name}/restart{self.restarts}"
         stimuli: list[ev.Event] = [ev.MembersSeen(now, wall, sid, members)]
         for node, state in members:
             if node != self.name and state in GONE and st.holds_at(node):
                 stimuli.append(ev.NodeDead(now, wall, f"{sid}/{node}", node))
         self.run(st.handle(*stimuli))
-        self.run(st.restarted_after(now, wall, alive_at))
-        # driver.run: each queued task of ours not in the run queue is placed again
-        self.placements = [
-            t.id
-            for t in st.records.active.values()
-            if t.spec.home == self.name
-            and t.node == self.name
-            and not t.spec.is_global
-            and t.state is S.QUEUED
-            and t.id not in self.ledger
-        ]
 
     # ------------------------------------------------------- what a runner does
 

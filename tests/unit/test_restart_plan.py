@@ -44,3 +44,14 @@ def test_an_outlived_process_of_a_record_not_running_is_not_watched() -> None:
     process, so the runtime kills it, and the task runs again from the queue."""
     plan = restart_plan(ME, [task("g", S.QUEUED, home="b")], {"g"}, {"g"})
     assert plan.watch == () and plan.enqueue == ("g",)
+
+
+def test_an_array_record_is_left_as_it_is() -> None:
+    """It runs no process (its elements go on from its progress, arrays.py): before
+    stop 52 a RUNNING one was re-queued, and a --no-retry one failed."""
+    active = [
+        task("arr", S.RUNNING, array="0-9%2"),
+        task("once", S.RUNNING, array="0-3", no_retry=True),
+    ]
+    plan = restart_plan(ME, active, set(), set())
+    assert plan == restart_plan(ME, [], set(), set())
