@@ -216,6 +216,16 @@ class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):
             self._do(i)  # log lines and journal deletes: nothing here awaits
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._run(task_status)
+        finally:
+            # stopped: a task that ends while the agent stops (the runner's nursery
+            # outlives this one) starts nothing here any more (its record is in the
+            # journal; the restart does the rest). Before stop 52 its end's load
+            # publication raised "Nursery is closed" (chaos agent-restart)
+            self._nursery = None
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.cluster is not None:

@@ -263,8 +263,8 @@ class Effects:
             )
 
     def _spawn(self, fn: Any, *args: Any) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(fn, *args)
+        if self._nursery is not None:  # None: the driver stopped (the agent is stopping)
+            self._nursery.start_soon(fn, *args)
 
 
 def _ops_of(i: ev.Instruction, node: m.NodeId) -> list[Any] | None:
