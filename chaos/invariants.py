@@ -95,7 +95,8 @@ GANG_WHOLE = "succeeded-gang-ran-whole"
 
 # issue 23, in the arrays scenario: every element of an acknowledged array ends, once,
 # at the array's home (one final record per index, none missing), and the array's own
-# record ends once they all have
+# record ends once they all have, saying how they ended: succeeded only if each did,
+# its counts adding up to its elements (stop 52)
 ARRAY_WHOLE = "every-array-element-once"
 # a task submitted --after its parents starts (its first RUNNING in any journal) only
 # after each parent's record ended, and only if the condition held
@@ -1571,9 +1572,12 @@ def check_arrays(
         rec = None if j is None else j.tasks.get(a.id)
         if j is None or rec is None:
             continue  # the home's journal is missing: acked-task-terminal says so
+        ended_states: list[m.TaskState] = []
         for index in parse_array(a.array):
             figs["elements"] += 1
             e = j.tasks.get(_element_id(a.id, index))
+            if e is not None and e.state.terminal:
+                ended_states.append(e.state)
             if e is None:
                 if rec.state.terminal and rec.state is not m.TaskState.CANCELLED:
                     detail = f"array {a.id} ended {rec.state.value} without element {index}"
@@ -1583,6 +1587,17 @@ def check_arrays(
                 figs["ended"] += 1
             elif rec.state.terminal:
                 detail = f"array {a.id} ended while element {index} is {e.state.value}"
+                out.append(Violation(ARRAY_WHOLE, where, detail))
+        n = len(parse_array(a.array))
+        if rec.state in (m.TaskState.SUCCEEDED, m.TaskState.FAILED) and len(ended_states) == n:
+            # its record says how its elements ended, each counted once (stop 52: a
+            # restart lost an element's end from the counts, and the array could say
+            # succeeded with a failed element)
+            ok = all(x is m.TaskState.SUCCEEDED for x in ended_states)
+            counted = sum(int(w) for w in rec.reason.replace(",", " ").split() if w.isdigit())
+            if (rec.state is m.TaskState.SUCCEEDED) != ok or counted != n:
+                got = dict(Counter(x.value for x in ended_states))
+                detail = f"array {a.id} ended {rec.state.value} ({rec.reason}); its elements {got}"
                 out.append(Violation(ARRAY_WHOLE, where, detail))
         finals = [
             e

@@ -658,10 +658,16 @@ def test_a_gang_record_running_at_a_drained_home_is_no_start() -> None:
 # --------------------------------------------------------------- arrays and --after (issue 23)
 
 
+def _ended_as(b: Book, tid: str, reason: str) -> None:
+    """The record's reason, as the home writes it when an array ends (arrays.py)."""
+    b.tasks[tid] = attrs.evolve(b.tasks[tid], reason=reason)
+
+
 def test_every_element_of_an_ended_array_must_have_ended_once() -> None:
     b = Book("n1")
     arr = m.TaskSpec(id="arr", argv=("x",), home="n1", array="0-2")
     b.run(arr, T0, T0 + 9)
+    _ended_as(b, "arr", "all 3 elements succeeded")
     for i in (0, 1, 2):
         b.run(m.TaskSpec(id=f"arr_{i}", argv=("x",), home="n1"), T0 + i, T0 + i + 1)
     out, figs = inv.check_arrays([inv.Acked("arr", "n1", array="0-2")], {"n1": b.data()})
@@ -671,6 +677,32 @@ def test_every_element_of_an_ended_array_must_have_ended_once() -> None:
     b2.run(m.TaskSpec(id="arr_0", argv=("x",), home="n1"), T0, T0 + 1)
     out, _ = inv.check_arrays([inv.Acked("arr", "n1", array="0-2")], {"n1": b2.data()})
     assert {v.invariant for v in out} == {inv.ARRAY_WHOLE} and len(out) == 2
+
+
+def test_an_ended_array_must_say_how_each_element_ended() -> None:
+    """Stop 52: a restart lost an element's end from its array's counts, and the array
+    could end succeeded with a failed element, or count fewer elements than it has."""
+    acked = [inv.Acked("arr", "n1", array="0-2")]
+    for reason, fail_one, bad in (
+        ("all 3 elements succeeded", False, False),
+        ("all 2 elements succeeded", False, True),  # one end never counted
+        ("all 3 elements succeeded", True, True),  # succeeded, with a failed element
+        ("elements: 1 failed, 2 succeeded", True, False),
+        ("elements: 1 failed, 1 succeeded", True, True),
+    ):
+        b = Book("n1")
+        arr = m.TaskSpec(id="arr", argv=("x",), home="n1", array="0-2")
+        b.submit(arr, T0)
+        b.move("arr", m.TaskState.RUNNING, T0 + 1)
+        end = m.TaskState.FAILED if fail_one and "failed" in reason else m.TaskState.SUCCEEDED
+        b.move("arr", end, T0 + 9)
+        _ended_as(b, "arr", reason)
+        for i in (0, 1, 2):
+            b.run(m.TaskSpec(id=f"arr_{i}", argv=("x",), home="n1"), T0 + i, T0 + i + 1)
+        if fail_one:
+            b.tasks["arr_1"] = attrs.evolve(b.tasks["arr_1"], state=m.TaskState.FAILED)
+        out, _ = inv.check_arrays(acked, {"n1": b.data()})
+        assert [v.invariant for v in out] == ([inv.ARRAY_WHOLE] if bad else []), (reason, out)
 
 
 def test_a_child_that_started_before_its_parent_ended_is_a_violation() -> None:
