@@ -2,9 +2,9 @@
 
 The agent's start (runtime/recovery.py `recover`, runtime/driver.py `restore`) reads
 its journal and hands the two rules here the keys and the records; the stateful tests
-of copies (tests/unit/test_copies_stateful.py) restart a NodeState the same way, from
-what its instructions journaled, so the restart rules the agent follows are the ones
-the tests drive.
+(tests/unit/test_*_stateful.py, through node_harness.py's `restart`) restart a
+NodeState the same way, from what its instructions journaled, so the restart rules the
+agent follows are the ones the tests drive.
 
 - `restore_journal`: the node's parts from the journal's keys (handoff sides,
   tombstones, GPU slices, global tasks, adoptions, copies, gang rounds, array
