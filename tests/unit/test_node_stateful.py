@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 
 from swarm import model as m
 from swarm.cluster import handoff as h
+from swarm.node import events as ev
 from swarm.policy import gpu as gpupol
 
 from .node_harness import FakeNet, FakeNode
@@ -56,6 +57,7 @@ class ThreeNodes(RuleBasedStateMachine):
         self.killed = False
         self.ended = {True: 0, False: 0}  # tasks ended away from / at their home
         self.restarts = 0
+        self.caps: dict[m.TaskId, tuple[str, int]] = {}  # arrays: home, cap
 
     def _live(self) -> list[FakeNode]:
         return [n for n in self.nodes.values() if n.name not in self.net.dead]
@@ -86,6 +88,19 @@ class ThreeNodes(RuleBasedStateMachine):
         )
         node.submit(spec, wall=self.now)
         node.placements.append(spec.id)
+
+    @rule(home=st.sampled_from(NAMES), n=st.integers(1, 6), cap=st.integers(1, 3))
+    def submit_array(self, home: str, n: int, cap: int) -> None:
+        """An array (issue 23): its home creates the elements up to the cap and places
+        each as any task, here or at a peer (whose report ends it at the home)."""
+        node = self.nodes[home]
+        if home in self.net.dead:
+            return
+        tid = f"a{next(self.ids)}"
+        spec = m.TaskSpec(id=tid, argv=("true",), array=f"0-{n - 1}%{cap}")
+        node.submit(spec, wall=self.now)
+        self.caps[tid] = (home, cap)
+        node.run(node.state.handle(ev.ArraySubmitted(self.now, self.now, f"s{tid}", tid)))
 
     @rule(data=st.data())
     def place(self, data: st.DataObject) -> None:
@@ -210,6 +225,19 @@ class ThreeNodes(RuleBasedStateMachine):
                 assert n <= 1, f"{tid}: {n} final results at its home {node.name}"
 
     @invariant()
+    def an_array_never_has_more_than_its_cap_unfinished(self) -> None:
+        for tid, (home, cap) in self.caps.items():
+            node = self.nodes[home]
+            if home in self.net.dead:
+                continue
+            live = [
+                t.id
+                for t in node.state.records.active.values()
+                if t.spec.element is not None and t.spec.element.array == tid
+            ]
+            assert len(live) <= cap, (tid, cap, live)
+
+    @invariant()
     def gpu_never_double_allocated(self) -> None:
         for node in self._live():
             core = sum(p.core for a in node.state.gpus.allocations() for p in a.parts)
@@ -222,6 +250,8 @@ class ThreeNodes(RuleBasedStateMachine):
             for t in node.state.records.active.values():
                 if t.spec.home != node.name or t.node != node.name or t.state is not S.QUEUED:
                     continue
+                if t.spec.array:
+                    continue  # an array's record is never placed: its elements are
                 e = node.state.home.entries.get(t.id)
                 responsible = (
                     t.id in node.queue
@@ -262,6 +292,7 @@ def test_random_walks_keep_the_invariants() -> None:
             mch.one_final_result()
             mch.gpu_never_double_allocated()
             mch.no_task_stranded_at_home()
+            mch.an_array_never_has_more_than_its_cap_unfinished()
         mch.teardown()
         for k in ended:
             ended[k] += mch.ended[k]
@@ -275,7 +306,11 @@ def _step(mch: ThreeNodes, rng: random.Random) -> None:
     n = rng.choice(NAMES)
     r = rng.randrange(10)
     actions: list[Any] = [
-        lambda: mch.submit(n, rng.choice([0, 300, 700]), rng.random() < 0.3, rng.random() < 0.5),
+        lambda: (
+            mch.submit_array(n, rng.randint(1, 6), rng.randint(1, 3))
+            if rng.random() < 0.2
+            else mch.submit(n, rng.choice([0, 300, 700]), rng.random() < 0.3, rng.random() < 0.5)
+        ),
         lambda: _place(mch, rng),
         lambda: mch.deliver(n, rng.random() < 0.3),
         lambda: mch.tick(n, rng.uniform(0.1, 30.0)),
