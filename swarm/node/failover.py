@@ -345,7 +345,17 @@ class Failover:
         if copy is None:  # nothing held here after all (cannot happen: synced first)
             return []
         spec = attrs.evolve(copy.spec, home=self.node)
-        t = m.new_task(spec, wall, self.node, cause=f"adopted from {d.from_home}: {d.reason}")
+        cause = f"adopted from {d.from_home}: {d.reason}"
+        ran = self.records.get_cached(tid)
+        if ran is not None and ran.state.terminal:
+            # we ran it, and its home took our report of the end, then died before its
+            # copies heard of it: adopted as ended, never run again (stop 52: the
+            # copies test with lost homes coming back ran such a task twice)
+            note = m.Transition(wall, ran.state, ran.state, cause, self.node)
+            t = attrs.evolve(ran, spec=attrs.evolve(ran.spec, home=self.node))
+            t = attrs.evolve(t, history=(*t.history, note))
+            return self._claim(d, t, d.epoch << 32, wall, drop_copy=True)
+        t = m.new_task(spec, wall, self.node, cause=cause)
         if spec.at_most_once:
             t = m.transition(t, S.LOST, wall, not_run_again(d.from_home))
             return self._claim(d, t, d.epoch << 32, wall, drop_copy=True)

@@ -321,6 +321,31 @@ def test_a_doubted_task_whose_runner_dies_during_the_doubt_is_placed_at_its_end(
     assert "t1" in a.queue
 
 
+def test_a_runner_holding_the_copy_of_a_task_it_ran_adopts_it_as_ended() -> None:
+    """Found by the copies test with lost homes that come back (stop 52): B ran A's
+    task and held its copy; A took B's report of the end, then died before its
+    release reached B. B adopted the copy as a new queued task and ran it again; it
+    now adopts it as it ended (its own record of the run)."""
+    a, b, _, net = _held_at_b()
+    why, instrs = b.state.on_replica(
+        "A", a.state.hold_msg(a.state.records.active["t1"].spec, ("B",))
+    )
+    assert why is None
+    b.run(instrs)
+    a.run(a.state.replicas_chosen("t1", ("B",)))
+    b.finish("t1", 1, 1.0, 1001.0)
+    net.settle(1.0, 1001.0)  # the report, taken at A (its release to B never goes)
+    assert a.state.records.get_cached("t1").state is S.FAILED  # type: ignore[union-attr]
+    assert b.state.held["t1"].final is None and "t1" not in b.state.guest.entries
+    b.state.members_seen((("A", DEAD),), 2.0)
+    for k in range(1, 6):  # a copy's holder adopts a few graces after the home's death
+        _tick(b, 2.0 + k * GRACE)
+    t = b.state.records.get_cached("t1")
+    assert t is not None and (t.spec.home, t.state) == ("B", S.FAILED), t
+    assert "adopted from A" in t.history[-1].cause
+    assert "t1" not in b.queue and "t1" not in b.placements and "failover.adopted" in b.logs
+
+
 def test_the_heartbeat_is_journaled_every_few_seconds_while_a_task_is_active() -> None:
     from swarm.node.doubt import ALIVE_EVERY
     from swarm.node.recovery import ALIVE_AT
