@@ -283,6 +283,12 @@ class Succession:
         self._store(task_id, rec)
         if home == self.me:
             self._copies[task_id] = max(self._copies.get(task_id, 0), len(rec.replicas))
+            if epoch > 1 and task_id not in self._told:
+                # our adoption, held anew (from the journal, after a restart): every
+                # member is owed its notice again, the old home above all. Before stop
+                # 52 a restarted adopter told nobody, and an old home that came back
+                # later ran the task again after its doubt (the copies stateful test)
+                self._told[task_id] = {}
         return True
 
     def release(self, task_id: TaskId) -> None:

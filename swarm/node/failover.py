@@ -388,7 +388,11 @@ class Failover:
         ]
 
     def _yield(self, n: Notice, wall: float) -> list[ev.Instruction]:
-        """`n.home` holds the task's home role by a larger claim than ours."""
+        """`n.home` holds the task's home role by a larger claim than ours. Our record's
+        change (forgotten, or re-homed) is journaled before our keys' deletes, in their
+        durable write: a crash between them left, before stop 52, a record of ours with
+        no home entry, which the restart took for an interrupted offer and ran again
+        (the copies stateful test)."""
         tid = n.task_id
         self.handoffs.home.yield_to(tid)
         self.handoffs.guest.adopt(tid)  # a copy we held for the old home: gone too
@@ -397,8 +401,8 @@ class Failover:
         self.counters["yielded"] = self.counters.get("yielded", 0) + 1
         ops = self.handoffs.persist_ops([tid], wall)
         ops += [ev.Delete(HOME + tid), ev.Delete(ADOPT + tid)]
-        out: list[ev.Instruction] = [ev.Persist(tuple(ops), durable=True), *replicas]
-        out.append(ev.log("warning", "failover.yielded", task=tid, to=n.home, epoch=n.epoch))
+        record: list[ev.Instruction] = []
+        after: list[ev.Instruction] = []
         why = f"{n.home} holds it now (adoption, epoch {n.epoch})"
         if tid in self.running:
             # a copy runs here too: stop it; our record of that run stays, as a copy
@@ -407,17 +411,19 @@ class Failover:
             if t is not None:
                 t = attrs.evolve(t, spec=attrs.evolve(t.spec, home=n.home))
                 self.records.store(t)
-                out.append(ev.Record(t, durable=True))
-            return [*out, ev.StopRun(tid, why)]
-        if tid in self.queued:
-            out.append(ev.Dequeue(tid))
-        self.ledger.remove(tid)
-        out += self.release_gpu(tid)
-        self.arrived.pop(tid, None)
-        if self.records.get_cached(tid) is not None:
-            self.records.forget(tid)
-            out.append(ev.Forget(tid))
-        return out
+                record.append(ev.Record(t))
+            after.append(ev.StopRun(tid, why))
+        else:
+            if tid in self.queued:
+                after.append(ev.Dequeue(tid))
+            self.ledger.remove(tid)
+            after += self.release_gpu(tid)
+            self.arrived.pop(tid, None)
+            if self.records.get_cached(tid) is not None:
+                self.records.forget(tid)
+                record.append(ev.Forget(tid))
+        log = ev.log("warning", "failover.yielded", task=tid, to=n.home, epoch=n.epoch)
+        return [*record, ev.Persist(tuple(ops), durable=True), *replicas, log, *after]
 
 
 def not_run_again(home: m.NodeId) -> str:

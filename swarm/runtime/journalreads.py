@@ -15,7 +15,7 @@ from .. import model as m
 from .. import wire
 from ..logs import EventLog
 from ..node.arrays import MARK
-from ..node.recovery import REPLICAS, STRAYS
+from ..node.recovery import REPLICA, REPLICAS, STRAYS
 from .journaldb import Recovered, decode_event, decode_task
 
 
@@ -56,9 +56,11 @@ class JournalReads:
         # with a guest entry (their result not yet acknowledged by their home), and our
         # own whose copies or stray copies are still owed their release (it carries how
         # the task ended: chaos late-binding at stop 45, a release sent after a restart
-        # without it reached a stray before its copy, which then stayed `queued`), and
-        # array elements whose end their array's journaled counts miss (node/arrays.py)
-        owed_keys = ("guest:", REPLICAS, STRAYS, MARK)
+        # without it reached a stray before its copy, which then stayed `queued`),
+        # array elements whose end their array's journaled counts miss (node/arrays.py),
+        # and those we keep a copy of, which we ran (a copy we adopt after its home's
+        # loss is then adopted as it ended, not run again: failover.py `_adopt_copy`)
+        owed_keys = ("guest:", REPLICAS, STRAYS, MARK, REPLICA)
         ids = sorted({k.split(":", 1)[1] for k in kv if k.startswith(owed_keys)})
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]

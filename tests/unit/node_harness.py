@@ -16,7 +16,7 @@ from swarm.cluster.succession import GONE
 from swarm.node import events as ev
 from swarm.node.arrays import MARK
 from swarm.node.records import TaskRecords
-from swarm.node.recovery import GUEST, REPLICAS, STRAYS, interrupted_offers
+from swarm.node.recovery import GUEST, REPLICA, REPLICAS, STRAYS, interrupted_offers
 from swarm.node.restart import restart_plan, restore_journal
 from swarm.node.state import NodeState, Settings
 from swarm.policy import gpu as gpupol
@@ -183,7 +183,7 @@ class FakeNode:
             (t for t in self.landed_tasks.values() if not t.state.terminal),
             key=lambda t: (t.created_at, t.id),
         )
-        owed_keys = (GUEST, REPLICAS, STRAYS, MARK)  # as runtime/journalreads.py
+        owed_keys = (GUEST, REPLICAS, STRAYS, MARK, REPLICA)  # as runtime/journalreads.py
         owed = {k.split(":", 1)[1] for k in self.kv if k.startswith(owed_keys)}
         for t in self.landed_tasks.values():
             if not t.state.terminal or t.id in owed:

@@ -287,6 +287,23 @@ def test_a_home_in_doubt_lets_an_adopted_task_go_and_never_places_it() -> None:
     assert a.placements == [] and not a.state.deferred and "t1" not in a.queue
 
 
+def test_a_home_that_lets_a_task_go_forgets_its_record_before_its_keys() -> None:
+    """Stop 52 (the copies stateful test): the record's forget came after the durable
+    write that deletes the home's keys; a crash between them left a record of ours with
+    no home entry, which the restart took for an interrupted offer and ran again."""
+    from swarm.node import events as ev
+
+    a, _ = _copied_at_a()
+    _, instrs = a.state.on_notices("B", (Notice("A", "t1", "B", 2, "B", ()),), 101.0, 1101.0)
+    kinds = [type(i).__name__ for i in instrs]
+    keys = next(
+        k
+        for k, i in enumerate(instrs)
+        if isinstance(i, ev.Persist) and i.durable and ev.Delete(HOME + "t1") in i.ops
+    )
+    assert "Forget" in kinds and kinds.index("Forget") < keys, kinds
+
+
 def test_a_task_nobody_could_take_over_is_placed_at_once_after_a_long_absence() -> None:
     """No copy, not held elsewhere: no succession record, nothing to doubt."""
     (a,) = _nodes("A")

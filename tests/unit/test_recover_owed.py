@@ -96,3 +96,25 @@ def test_recover_returns_our_finished_tasks_whose_copies_are_owed_their_release(
     (send,) = st.replica_update("t1")
     assert send.dest == "n1" and send.msg.kind == RELEASE
     assert send.msg.final is not None and send.msg.final.state == "succeeded"
+
+
+def test_recover_returns_finished_records_we_keep_a_copy_of_and_array_ends_uncounted() -> None:
+    """Stop 52: a runner that keeps the copy of a task it ran reads its finished record
+    back (adopting the copy after its home's loss, it adopts the task as it ended, not
+    as a new one: failover.py `_adopt_copy`); and an array element whose end its
+    array's journaled progress has not counted yet (`aelem:`, node/arrays.py)."""
+    with tempfile.TemporaryDirectory(prefix="sw-owed-") as d:
+        path = Path(d) / "journal.db"
+        j = jr.Journal(path)
+        raw = sqlite3.connect(path, isolation_level=None)
+        try:
+            for tid in ("t1", "arr_0", "t3"):
+                _row(raw, _finished(tid, home="n2"))
+            put = "INSERT INTO kv(key, value) VALUES (?, ?)"
+            raw.execute(put, ("replica:t1", wire.pack({"home": "n2"})))
+            raw.execute(put, ("aelem:arr_0", wire.pack("arr")))
+            rec = j.recover()  # t3: nothing owed, stays in the journal only
+            assert sorted(t.id for t in rec.owed) == ["arr_0", "t1"]
+        finally:
+            raw.close()
+            j.close()

@@ -272,6 +272,21 @@ NOTICES = [
 ]
 
 
+def test_an_adopter_restarted_from_its_journal_tells_the_old_home_again() -> None:
+    """Stop 52 (the copies stateful test): a restarted agent's succession core is new;
+    its adoptions come back from the journal as held records (`hold`, epoch > 1).
+    Before, nothing owed their notices, and an old home that came back afterwards ran
+    the task again once its doubt ended."""
+    s = Succession("r", GRACE)
+    s.hold("t1", "r", 2, "r", ("a",))  # our adoption, from the journal
+    s.hold("t2", "r", 1, None, ("a",))  # a task of our own: no notice owed
+    s.on_member("a", ALIVE, 0.0)
+    s.on_member("h", DEAD, 0.0)
+    assert [(n.to, n.task_id) for n in s.step(1.0) if isinstance(n, Notice)] == [("a", "t1")]
+    s.on_member("h", ALIVE, 2.0)  # the old home is back
+    assert s.step(3.0) == [Notice("h", "t1", "r", 2, "r", ("a",))]
+
+
 @pytest.mark.parametrize(
     ("title", "me", "ours", "notice", "action", "after"), NOTICES, ids=[c[0] for c in NOTICES]
 )
