@@ -56,8 +56,6 @@ from .transfers import TransferIO
 
 S = m.TaskState
 GLOBALS_KEY = recovery.GLOBALS_KEY
-TOMB_TTL = recovery.TOMB_TTL
-USAGE_KEY = recovery.USAGE_KEY
 
 
 class Driver(Effects, FailoverIO, FencingIO, GangIO, GroupIO):

@@ -272,6 +272,51 @@ class FakeNode:
         self.run(self.state.on_ended(done, now, wall))
 
 
+class OneHome:
+    """One node that homes its tasks and runs them itself, for the single-node
+    stateful tests (arrays, dependencies across restarts): mixed into a hypothesis
+    state machine, whose __init__ calls `init_home`."""
+
+    node: FakeNode
+    now: float
+
+    def init_home(self, slots: int = 3) -> None:
+        self.node = FakeNode("A", settings=Settings(slots=slots))
+        self.node.run(self.node.state.start_timers(0.0))
+        self.now = 0.0
+
+    @property
+    def ns(self) -> NodeState:
+        return self.node.state
+
+    def wall(self) -> float:
+        return 1000.0 + self.now
+
+    def record(self, tid: m.TaskId) -> m.Task | None:
+        """As `swarm status` reads it: memory, else the journal (a finished record is
+        not read back into memory at a restart)."""
+        return self.ns.records.get_cached(tid) or self.node.landed_tasks.get(tid)
+
+    def place_here(self) -> None:
+        """The home places what it was told to: here (it is the only node)."""
+        node = self.node
+        while node.placements:
+            tid = node.placements.pop(0)
+            t = self.ns.records.active.get(tid)
+            if t is None or t.state is not S.QUEUED or tid in node.queue or tid in self.ns.ledger:
+                continue
+            node.run_here(tid, self.now)
+
+    def restart_home(self, keep: int, outlive: bool) -> tuple[int, set[m.TaskId]]:
+        """`FakeNode.restart` of the home alone: (the writes lost, the tasks whose
+        process died with the agent)."""
+        node = self.node
+        lost = len(node.unsynced) - keep
+        running = set(node.running)
+        node.restart(keep, (("A", m.MemberState.ALIVE),), self.now, self.wall(), outlive)
+        return lost, running - node.running
+
+
 def gossip(*nodes: FakeNode, at: float = 0.0) -> None:
     """Every node learns every other node's current report."""
     for n in nodes:

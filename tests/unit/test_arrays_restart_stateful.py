@@ -31,20 +31,16 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from swarm import model as m
 from swarm.node import events as ev
-from swarm.node.state import Settings
 
-from .node_harness import FakeNode
+from .node_harness import OneHome
 
 S = m.TaskState
-MEMBERS = (("A", m.MemberState.ALIVE),)  # the view it rejoins: itself
 
 
-class ArrayHome(RuleBasedStateMachine):
+class ArrayHome(OneHome, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.node = FakeNode("A", settings=Settings(slots=3))
-        self.node.run(self.node.state.start_timers(0.0))
-        self.now = 0.0
+        self.init_home(slots=3)
         self.ids = itertools.count()
         self.arrays: dict[m.TaskId, tuple[int, int]] = {}  # id -> (elements, cap)
         self.codes: dict[m.TaskId, int] = {}  # element -> exit code of its last run
@@ -52,13 +48,6 @@ class ArrayHome(RuleBasedStateMachine):
         self.reruns: dict[m.TaskId, int] = {}  # element -> runs a reboot killed
         self.cancelled: set[m.TaskId] = set()
         self.seen = dict.fromkeys(("restarts", "ops_lost", "reboots", "ended", "cancels"), 0)
-
-    @property
-    def ns(self) -> Any:
-        return self.node.state
-
-    def wall(self) -> float:
-        return 1000.0 + self.now
 
     # ------------------------------------------------------------- rules
 
@@ -79,14 +68,7 @@ class ArrayHome(RuleBasedStateMachine):
 
     @rule()
     def place(self) -> None:
-        """The home places what it was told to: here (it is the only node)."""
-        node = self.node
-        while node.placements:
-            tid = node.placements.pop(0)
-            t = self.ns.records.active.get(tid)
-            if t is None or t.state is not S.QUEUED or tid in node.queue or tid in self.ns.ledger:
-                continue
-            node.run_here(tid, self.now)
+        self.place_here()
 
     @rule()
     def start(self) -> None:
@@ -135,12 +117,10 @@ class ArrayHome(RuleBasedStateMachine):
         self.restart_one(data.draw(st.integers(0, len(self.node.unsynced))), outlive)
 
     def restart_one(self, keep: int, outlive: bool) -> None:
-        node = self.node
+        lost, killed = self.restart_home(keep, outlive)
         self.seen["restarts"] += 1
-        self.seen["ops_lost"] += len(node.unsynced) - keep
-        running = set(node.running)
-        node.restart(keep, MEMBERS, self.now, self.wall(), outlive)
-        for tid in running - node.running:  # its process died with the agent
+        self.seen["ops_lost"] += lost
+        for tid in killed:  # its process died with the agent
             self.reruns[tid] = self.reruns.get(tid, 0) + 1
             self.seen["reboots"] += 1
 
@@ -175,9 +155,7 @@ class ArrayHome(RuleBasedStateMachine):
             self.finish(0)
         self.node.sync()
         for tid, (n, _) in self.arrays.items():
-            # as `swarm status` reads them: memory, else the journal (a finished
-            # record is not read back into memory at a restart)
-            rec = self.ns.records.get_cached(tid) or self.node.landed_tasks.get(tid)
+            rec = self.record(tid)
             assert rec is not None and rec.state.terminal, (tid, rec and rec.state)
             known = {**self.node.landed_tasks, **self.ns.records.active, **self.ns.records.finished}
             els = self._elements(known.values(), tid)

@@ -26,37 +26,22 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from swarm import model as m
 from swarm.node import events as ev
-from swarm.node.state import Settings
 
-from .node_harness import FakeNode
+from .node_harness import OneHome
 
 S = m.TaskState
-MEMBERS = (("A", m.MemberState.ALIVE),)  # the view it rejoins: itself
 CONDS = ("ok", "any", "notok")
 
 
-class DepsHome(RuleBasedStateMachine):
+class DepsHome(OneHome, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.node = FakeNode("A", settings=Settings(slots=3))
-        self.node.run(self.node.state.start_timers(0.0))
-        self.now = 0.0
+        self.init_home(slots=3)
         self.ids = itertools.count()
         self.tasks: list[m.TaskId] = []
         self.after: dict[m.TaskId, tuple[str, tuple[m.TaskId, ...]]] = {}
         self.ran: set[m.TaskId] = set()
         self.seen = dict.fromkeys(("restarts", "ops_lost", "started_after", "never"), 0)
-
-    @property
-    def ns(self) -> Any:
-        return self.node.state
-
-    def wall(self) -> float:
-        return 1000.0 + self.now
-
-    def record(self, tid: m.TaskId) -> m.Task | None:
-        """As `swarm status` reads it: memory, else the journal."""
-        return self.ns.records.get_cached(tid) or self.node.landed_tasks.get(tid)
 
     # ------------------------------------------------------------- rules
 
@@ -101,13 +86,7 @@ class DepsHome(RuleBasedStateMachine):
 
     @rule()
     def place(self) -> None:
-        node = self.node
-        while node.placements:
-            tid = node.placements.pop(0)
-            t = self.ns.records.active.get(tid)
-            if t is None or t.state is not S.QUEUED or tid in node.queue or tid in self.ns.ledger:
-                continue
-            node.run_here(tid, self.now)
+        self.place_here()
 
     @rule()
     def start(self) -> None:
@@ -136,9 +115,9 @@ class DepsHome(RuleBasedStateMachine):
         self.restart_one(data.draw(st.integers(0, len(self.node.unsynced))), outlive)
 
     def restart_one(self, keep: int, outlive: bool) -> None:
+        lost, _ = self.restart_home(keep, outlive)
         self.seen["restarts"] += 1
-        self.seen["ops_lost"] += len(self.node.unsynced) - keep
-        self.node.restart(keep, MEMBERS, self.now, self.wall(), outlive)
+        self.seen["ops_lost"] += lost
 
     def teardown(self) -> None:
         """No more restarts: everything that can run runs; nothing waits for ever."""
