@@ -221,11 +221,12 @@ class _Member:
 class Succession:
     """One node's succession state: its membership view and the records it holds."""
 
-    def __init__(self, me: NodeId, grace: float) -> None:
+    def __init__(self, me: NodeId, grace: float, configured: int | None = None) -> None:
         if not (math.isfinite(grace) and grace >= 0):
             raise ValueError(f"grace must be >= 0, got {grace}")
         self.me = me
         self.grace = grace
+        self.configured = configured  # the copies configured, the home's own included
         self._members: dict[NodeId, _Member] = {}
         self._held: dict[TaskId, Record] = {}
         self._told: dict[TaskId, dict[NodeId, float]] = {}  # our adoptions: who knows
@@ -292,12 +293,23 @@ class Succession:
         return True
 
     def release(self, task_id: TaskId) -> None:
-        """Forget a task (finished and acknowledged, or its tombstone expired)."""
-        self._held.pop(task_id, None)
+        """Forget a task (finished and acknowledged, or its tombstone expired). Another
+        node's adoption is remembered as a claim heard (bounded): before stop 53 a
+        node that let it go took a copy from the old home back from the dead, out of
+        date, and kept it for ever (`taken_from` refuses it now)."""
+        rec = self._held.pop(task_id, None)
         self._told.pop(task_id, None)
         self._doubt.pop(task_id, None)
         self._seen.pop(task_id, None)
         self._copies.pop(task_id, None)
+        if rec is not None and rec.epoch > 1 and rec.home != self.me:
+            self._remember(task_id, rec)
+
+    def epoch_of(self, task_id: TaskId, home: NodeId) -> int:
+        """`home`'s claim on the task as held or heard here (1 if none known): what a
+        runner's record is held at, its guest entry not knowing it."""
+        rec = self._held.get(task_id) or self._seen.get(task_id)
+        return rec.epoch if rec is not None and rec.home == home else 1
 
     def on_adoption_notice(
         self,
@@ -354,6 +366,12 @@ class Succession:
     def record(self, task_id: TaskId) -> Record | None:
         return self._held.get(task_id)
 
+    def taken_from(self, task_id: TaskId, home: NodeId) -> Record | None:
+        """The claim, held or heard, by which a node other than `home` took the task
+        over (an adoption): `home`'s word on it is out of date (None: no such claim)."""
+        rec = self._held.get(task_id) or self._seen.get(task_id)
+        return rec if rec is not None and rec.home != home and rec.epoch > 1 else None
+
     def held(self) -> dict[TaskId, Record]:
         return dict(self._held)
 
@@ -393,6 +411,20 @@ class Succession:
         m = self._members.get(node)
         return m is not None and m.state is MemberState.ALIVE
 
+    def known_size(self) -> int:
+        """The cluster's size as this view knows it: every member not known to have
+        left, the dead among them (a node down is expected back), ourselves too."""
+        left = MemberState.LEFT
+        return 1 + sum(1 for n, mb in self._members.items() if n != self.me and mb.state != left)
+
+    def copies_wanted(self) -> int:
+        """Replicas a task of ours is to have besides us, by the known cluster size
+        (replicas_wanted). Stop 53: an adopter kept the replicas of the record it
+        held, none for a runner (its guest entry names none) and none for a task
+        submitted while a node was down, and added none when the node came back: a
+        second loss, after the first was over, could then take the task."""
+        return replicas_wanted(self.known_size(), self.configured) - 1
+
     def gone_for(self, node: NodeId, now: float) -> float | None:
         """How long `node` has been dead or left in this view (None: it is not)."""
         m = self._members.get(node)
@@ -415,11 +447,18 @@ class Succession:
                     if adopt is not None:
                         out.append(adopt)
             me = self.me
+            # an adoption aims for the known cluster's copies, however few it kept
+            # when it was made or read back from the journal (a restarted adopter)
+            floor = self.copies_wanted()
             short = [
                 t
                 for t, want in self._copies.items()
                 if (r := held.get(t)) is not None
-                and (len(r.replicas) < want or me in r.replicas or not gone.isdisjoint(r.replicas))
+                and (
+                    len(r.replicas) < (max(want, floor) if r.epoch > 1 else want)
+                    or me in r.replicas
+                    or not gone.isdisjoint(r.replicas)
+                )
             ]
             for task_id in sorted(short):
                 again = self._rereplicate(task_id, now)
@@ -455,10 +494,11 @@ class Succession:
                 if not self._gone_long(r, now):
                     return None  # an earlier replica adopts it
         live = [n for n, m in self._members.items() if m.state is MemberState.ALIVE]
-        replicas = replica_of(task_id, self.me, [*live, self.me], len(rec.replicas))
+        want = max(len(rec.replicas), self.copies_wanted())
+        replicas = replica_of(task_id, self.me, [*live, self.me], want)
         epoch = rec.epoch + 1
         self._store(task_id, Record(self.me, epoch, self.me if as_runner else None, replicas))
-        self._copies[task_id] = len(rec.replicas)
+        self._copies[task_id] = want  # fewer live now: more named as members come back
         self._told[task_id] = {}
         gone = self.gone_for(rec.home, now)
         role = "runner" if as_runner else "replica"
@@ -473,6 +513,8 @@ class Succession:
         if rec is None or rec.home != self.me or self.in_doubt(task_id, now):
             return None
         want = self._copies[task_id]
+        if rec.epoch > 1:
+            want = max(want, self.copies_wanted())
         kept = [r for r in rec.replicas if r != self.me and not self._gone_long(r, now)]
         if len(kept) >= want:
             return None

@@ -59,11 +59,15 @@ class RestartDoubt:
     doubt_until: float  # trio time the restart's doubt ends (0: none)
     doubted: set[m.TaskId]  # our tasks someone may have taken over while we were down
     deferred: set[m.TaskId]  # ... whose placement waits for the doubt to end
+    copies_owed: set[m.TaskId]  # replicas.py: tasks whose copies the next tick looks at
 
     if TYPE_CHECKING:  # failover.py, state.py
 
         def _sync_succession(self, only: Iterable[m.TaskId] | None = None) -> None: ...
         def explain(self, tid: m.TaskId, rec: dict[str, object], wall: float) -> ev.Explain: ...
+        def enqueue_local(
+            self, task: m.Task, now: float, front: bool = False
+        ) -> list[ev.Instruction]: ...
 
     def restarted_after(
         self, now: float, wall: float, alive_at: float | None
@@ -104,8 +108,19 @@ class RestartDoubt:
             return False
         if now >= self.doubt_until or not self.succession.is_authority(tid):
             self.doubted.discard(tid)
+            self.copies_owed.add(tid)  # their news waited (replicas.py)
             return False
         return True
+
+    def back_home(self, t: m.Task, now: float, wall: float) -> list[ev.Instruction]:
+        """Our task came back home by a move (location.py): into the run queue, or, in
+        doubt, its placement waits for the doubt's end as a queued task's does. The
+        move may have been on its way when this home died, and the runner that asked
+        may have adopted the task since: before stop 53 it ran at once, twice (the
+        copies stateful walks)."""
+        if self.in_doubt_here(t.id, now):
+            return self.defer_in_doubt(t.id, wall)
+        return self.enqueue_local(t, now)
 
     def defer_in_doubt(self, tid: m.TaskId, wall: float) -> list[ev.Instruction]:
         """Placing `tid` waits for the doubt's end (failover ticks place it then)."""
@@ -134,7 +149,8 @@ class RestartDoubt:
             ready = {t for t in self.deferred if not self.in_doubt_here(t, now)}
             self.deferred -= ready
             out += [ev.Place(t) for t in sorted(ready) if self._ours_queued(t)]
-        if now >= self.doubt_until:
+        if now >= self.doubt_until and self.doubted:
+            self.copies_owed |= self.doubted  # their copies' news waited (replicas.py)
             self.doubted.clear()
         return out
 

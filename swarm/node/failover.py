@@ -88,9 +88,6 @@ class Failover:
         def rereplicated(
             self, tid: m.TaskId, nodes: tuple[m.NodeId, ...]
         ) -> list[ev.Instruction]: ...
-        def choose_replicas(
-            self, task_id: m.TaskId, live: list[m.NodeId], extra: int = 2
-        ) -> tuple[int, tuple[m.NodeId, ...]]: ...
         def forget_replicas(self, tid: m.TaskId, lazy: bool = False) -> list[ev.Instruction]: ...
         def forget_strays(
             self, tid: m.TaskId, nodes: frozenset[m.NodeId]
@@ -239,9 +236,10 @@ class Failover:
         want: dict[m.TaskId, _Want] = {}
         for tid, c in self.held.items():
             if c.final is None:  # a finished copy is an answer, never adopted
-                want[tid] = (c.home, 1, c.runner, c.replicas)
+                want[tid] = (c.home, c.epoch, c.runner, c.replicas)
+        epoch_of = self.succession.epoch_of
         for tid, ge in self.handoffs.guest.entries.items():
-            want[tid] = (ge.home, 1, me, ())
+            want[tid] = (ge.home, epoch_of(tid, ge.home), me, ())
         for tid, copies in self.mine.items():  # ours, with copies elsewhere
             if tid not in self.adopted:
                 want[tid] = (me, 1, None, copies)
@@ -265,10 +263,10 @@ class Failover:
         w: _Want | None = None
         c = self.held.get(tid)
         if c is not None and c.final is None:
-            w = (c.home, 1, c.runner, c.replicas)
+            w = (c.home, c.epoch, c.runner, c.replicas)
         ge = self.handoffs.guest.entries.get(tid)
         if ge is not None:
-            w = (ge.home, 1, me, ())
+            w = (ge.home, self.succession.epoch_of(tid, ge.home), me, ())
         copies = self.mine.get(tid)
         if copies is not None and tid not in self.adopted:
             w = (me, 1, None, copies)
@@ -326,12 +324,12 @@ class Failover:
             out += [ev.Dequeue(tid), ev.LoadChanged()]
         copy = self.held.pop(tid, None)  # a copy we kept as well: not needed now
         out += self._claim(d, t, ge.epoch, wall, drop_copy=copy is not None)
-        if not d.replicas and not t.state.terminal:
-            # the old home's replicas are unknown here: copies at new ones, so that the
-            # task outlives this node too (replica_update sends each the whole copy)
-            k, order = self.choose_replicas(tid, self.succession.alive())
-            if k > 0:
-                out += self.rereplicated(tid, tuple(order[:k]))
+        if d.replicas and not t.state.terminal:
+            # copies at the nodes the claim names (the known cluster's count: a runner's
+            # record names none, its old home's replicas unknown here), so that the task
+            # outlives this node too (replica_update sends each the whole copy); none
+            # live: named as members come back (succession's `short`)
+            out += self.rereplicated(tid, d.replicas)
         if t.state is S.QUEUED and tid not in self.queued and tid not in self.running:
             out += self.enqueue_local(t, now)
         out.append(ev.KickRunner())  # a queued copy waiting for its home may start now

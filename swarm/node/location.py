@@ -96,6 +96,8 @@ class Location:
 
         def hedge_ran(self, t: m.Task, seconds: float) -> None: ...
 
+        def back_home(self, t: m.Task, now: float, wall: float) -> list[ev.Instruction]: ...
+
         def array_element_ended(
             self, task: m.Task, now: float, wall: float
         ) -> list[ev.Instruction]:
@@ -175,7 +177,7 @@ class Location:
                 t, r = self._change(t.id, S.TRANSFERRING, wall, "moving back home", node=t.node)
                 out.append(r)
             t, r = self._change(t.id, S.QUEUED, wall, "back home", node=self.node)
-            return [*out, r, *self.enqueue_local(t, now)]
+            return [*out, r, *self.back_home(t, now, wall)]
         if t.state in (S.TRANSFERRING, S.MIGRATING):
             how = "migrated to" if t.state is S.MIGRATING else "handed off to"
             _, r = self._change(t.id, S.QUEUED, wall, f"{how} {o.node}", node=o.node)

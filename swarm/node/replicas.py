@@ -31,129 +31,51 @@ ended just before its home died may be run again by its replica for the same rea
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
-from .. import codec, wire
+from .. import codec
 from .. import model as m
 from ..cluster import handoff as h
-from ..cluster.messages import MAX_ID_LEN
-from ..cluster.succession import MAX_COPIES, Succession, replica_of, replicas_wanted
+from ..cluster.succession import Succession, replica_of, replicas_wanted
 from . import events as ev
 from .records import TaskRecords
 from .recovery import REPLICA, REPLICAS, STRAYS, Handoffs
+from .replicamsg import (
+    ASK,
+    FINAL_STATES,
+    HOLD,
+    RELEASE,
+    RUNNER,
+    Final,
+    Held,
+    ReplicaMsg,
+    Restored,
+    replica_msg_from_wire,
+    replica_msg_to_wire,
+    restore_replicas,
+)
 
-RELEASE = "release"
-HOLD = "hold"
-RUNNER = "runner"
-ASK = "ask"  # holder -> home: what became of it? (copyasks.py)
+__all__ = [
+    "ASK",
+    "FINAL_STATES",
+    "HOLD",
+    "RELEASE",
+    "RUNNER",
+    "Final",
+    "Held",
+    "ReplicaMsg",
+    "Restored",
+    "replica_msg_from_wire",
+    "replica_msg_to_wire",
+    "restore_replicas",
+]
 
-
-FINAL_STATES = frozenset(s.value for s in m.TERMINAL_STATES)
 FINISHED_COPY_KEEP = 7 * 86400.0  # seconds a finished copy is kept (keep-finished's default)
 ENDED_UNHELD_KEEP = 600.0  # seconds a release for a copy not held here refuses late copies
 ENDED_UNHELD_MAX = 65536  # ... and how many such releases are remembered at most
 COPIES_SWEEP_EVERY = 60  # failover ticks between looks at every task's copies
-
-
-@attrs.frozen
-class Final:
-    """How a task ended, as its home recorded it: sent with the release, so that a
-    replica still answers for a task whose home is lost after it finished there."""
-
-    state: str
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str = ""
-    at: float = 0.0  # wall time of the end
-
-    @classmethod
-    def of(cls, t: m.Task) -> Final:
-        return cls(t.state.value, t.exit_code, t.signal, t.reason[:512], t.finished_at or 0.0)
-
-    def to_wire(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    @classmethod
-    def from_wire(cls, obj: Any) -> Final:
-        f = wire.Fields(obj, "replica final")
-        state = f.str("state", required=True, max_len=16)
-        if state not in FINAL_STATES:
-            raise wire.SchemaError(f"replica final: field 'state' is not a final state: {state!r}")
-        out = cls(
-            state,
-            f.int("exit_code", None, lo=0, hi=255),
-            f.int("signal", None, lo=1, hi=127),
-            f.str("reason", "", max_len=512),
-            f.float("at", 0.0, lo=0.0),
-        )
-        f.done()
-        return out
-
-
-@attrs.frozen
-class ReplicaMsg:
-    """Home -> replica: hold a copy (with the spec), where it runs now, or release;
-    replica -> home: ask (copyasks.py)."""
-
-    kind: str  # hold | runner | release | ask
-    task_id: m.TaskId
-    home: m.NodeId
-    runner: m.NodeId | None = None
-    replicas: tuple[m.NodeId, ...] = ()
-    spec: m.TaskSpec | None = None
-    final: Final | None = None  # a release because the task ended: how
-
-
-@attrs.define
-class Held:
-    """A copy this node keeps of another home's task (`final`: it ended; the copy is
-    only an answer for `swarm status` now, never adopted)."""
-
-    spec: m.TaskSpec
-    home: m.NodeId
-    runner: m.NodeId | None
-    replicas: tuple[m.NodeId, ...]
-    final: Final | None = None
-
-
-def replica_msg_to_wire(r: ReplicaMsg) -> dict[str, Any]:
-    return {
-        "kind": r.kind,
-        "id": r.task_id,
-        "home": r.home,
-        "runner": r.runner,
-        "replicas": list(r.replicas),
-        "spec": None if r.spec is None else codec.task_spec_to_wire(r.spec),
-        **({"final": r.final.to_wire()} if r.final is not None else {}),
-    }
-
-
-def replica_msg_from_wire(obj: Any) -> ReplicaMsg:
-    """A peer's replica message (wire.SchemaError naming the field if malformed)."""
-    f = wire.Fields(obj, "replica")
-    kind = f.str("kind", required=True, max_len=16)
-    if kind not in (HOLD, RUNNER, RELEASE, ASK):
-        raise wire.SchemaError(
-            f"replica: field 'kind' must be hold, runner, release or ask: {kind!r}"
-        )
-    tid = f.task_id("id", required=True)
-    home = f.str("home", required=True, max_len=MAX_ID_LEN)
-    runner = f.str("runner", None, max_len=MAX_ID_LEN)
-    replicas = f.str_list("replicas", max_items=MAX_COPIES)
-    spec = f.nested("spec", codec.task_spec_from_wire)
-    final = f.nested("final", Final.from_wire)
-    f.done()
-    if not home or any(not r or len(r) > MAX_ID_LEN for r in replicas):
-        raise wire.SchemaError("replica: field 'home' or 'replicas': an empty or long node id")
-    if kind == HOLD and (spec is None or spec.id != tid or spec.home != home):
-        raise wire.SchemaError("replica: field 'spec' must be the task's, naming its home")
-    if kind == ASK and spec is not None:
-        raise wire.SchemaError("replica: field 'spec' does not come with an ask")
-    if final is not None and kind != RELEASE:
-        raise wire.SchemaError("replica: field 'final' comes with a release only")
-    return ReplicaMsg(kind, tid, home, runner or None, tuple(replicas), spec, final)
 
 
 class Replicas:
@@ -175,6 +97,8 @@ class Replicas:
     # release that overtook the copy itself): task -> when it ended (wall)
     ended_unheld: dict[m.TaskId, float]
     held: dict[m.TaskId, Held]  # copies of other homes' tasks
+    doubted: set[m.TaskId]  # doubt.py: our tasks someone may have taken over
+    adopted: dict[m.TaskId, tuple[m.NodeId, int]]  # failover.py: ours by a claim above 1
     counters: dict[str, int]
 
     if TYPE_CHECKING:  # copyasks.py
@@ -192,7 +116,11 @@ class Replicas:
         """How many copies to make (besides ours) and the candidates in order (the
         first `k`, then `extra` more to try if some do not answer)."""
         members = [n for n in live if n != self.node]
-        k = replicas_wanted(len(members) + 1, self.replicas_wanted) - 1
+        # by the known cluster's size, a member down included (stop 53: by the live
+        # members', a task submitted on three nodes while one was down got no copy at
+        # the third), as many as are live to ask
+        size = max(len(members) + 1, self.succession.known_size())
+        k = min(replicas_wanted(size, self.replicas_wanted) - 1, len(members))
         return k, replica_of(task_id, self.node, members, k + extra) if k > 0 else ()
 
     def replicas_planned(self, task_id: m.TaskId, nodes: tuple[m.NodeId, ...]) -> ev.Put | None:
@@ -263,7 +191,14 @@ class Replicas:
         return [ev.Persist((ev.Delete(STRAYS + task_id),))]
 
     def hold_msg(self, spec: m.TaskSpec, replicas: tuple[m.NodeId, ...]) -> ReplicaMsg:
-        return ReplicaMsg(HOLD, spec.id, self.node, None, replicas, spec)
+        return ReplicaMsg(
+            HOLD, spec.id, self.node, None, replicas, spec, epoch=self._epoch(spec.id)
+        )
+
+    def _epoch(self, tid: m.TaskId) -> int:
+        """Our claim on a task of ours: 1, or the epoch we adopted it at."""
+        a = self.adopted.get(tid)
+        return 1 if a is None else a[1]
 
     def _wanted_state(self, tid: m.TaskId) -> tuple[str, m.NodeId | None]:
         t = self.records.get_cached(tid)
@@ -322,7 +257,14 @@ class Replicas:
 
     def replica_update(self, tid: m.TaskId) -> list[ev.Instruction]:
         """The messages owed to one task's replicas (also sent at once when the task
-        ends: a replica that has not heard of the end could run it again)."""
+        ends: a replica that has not heard of the end could run it again). None while
+        this home is in doubt about the task (doubt.py; its end looks at it again):
+        before stop 53 a home back after its grace sent its copies again at once, a
+        node that had let the adopter's claim go (a restart forgets claims) kept the
+        old home's, out of date, and the old home, told of the adoption, never
+        released it."""
+        if tid in self.doubted:
+            return []
         out: list[ev.Instruction] = self._stray_releases(tid) if tid in self.strays else []
         nodes = self.mine.get(tid, ())
         if nodes:
@@ -341,7 +283,9 @@ class Replicas:
                         if want[0] == RELEASE and t is not None and t.state.terminal
                         else None
                     )
-                    msg = ReplicaMsg(want[0], tid, self.node, want[1], nodes, final=final)
+                    msg = ReplicaMsg(
+                        want[0], tid, self.node, want[1], nodes, final=final, epoch=self._epoch(tid)
+                    )
                 out.append(ev.SendReplica(n, msg))
         return out
 
@@ -403,12 +347,25 @@ class Replicas:
                 return None, []
             own = self.records.get_cached(tid)
             if own is not None and own.spec.home == self.node:
+                if msg.epoch > self._epoch(tid):
+                    # an adopter's copy reached its old home, back, before the notice
+                    # that makes it let go: taken as none, it was answered as held and
+                    # nobody held it (stop 53). Refused: sent again at the next tick
+                    return f"{tid} is held here as its home (claim {self._epoch(tid)})", []
                 # we are its home now (adopted it): a late copy of its old home's is none
                 return None, []
+            taken = self.succession.taken_from(tid, sender)
+            if taken is not None:
+                # an old home back from the dead sends its copies again (its restart
+                # knows of none held): one over an adopter's copy, home and runner out
+                # of date, was asked about at that old home, which had let the task go,
+                # and dropped: the task was lost (stop 53, the copies walks with a
+                # second loss). Its adopter's notice makes it let go.
+                return f"{tid} was taken over by {taken.home} (epoch {taken.epoch})", []
             # (a task we run for its home is copied all the same: before stop 45 it was
             # not, when its handoff came first, and once it left here again, back to its
             # home, the home named as its copy a node that had none)
-            self.held[tid] = Held(msg.spec, sender, msg.runner, msg.replicas)
+            self.held[tid] = Held(msg.spec, sender, msg.runner, msg.replicas, None, msg.epoch)
             self.counters["replicas_held"] = self.counters.get("replicas_held", 0) + 1
             return None, [self._persist_held(tid)]
         if cur is None and msg.kind == RELEASE and msg.final is not None:
@@ -426,6 +383,7 @@ class Replicas:
             return None, self.drop_held(tid)
         cur.runner = msg.runner
         cur.replicas = msg.replicas or cur.replicas
+        cur.epoch = max(cur.epoch, msg.epoch)
         return None, [self._persist_held(tid)]
 
     def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]:
@@ -441,6 +399,7 @@ class Replicas:
             "runner": c.runner,
             "replicas": list(c.replicas),
             **({"final": c.final.to_wire()} if c.final is not None else {}),
+            **({"epoch": c.epoch} if c.epoch > 1 else {}),
         }
         return ev.Persist((ev.Put(REPLICA + tid, value),), durable=True)
 
@@ -458,43 +417,3 @@ class Replicas:
         for tid in old:
             out += self.drop_held(tid)
         return out
-
-
-@attrs.frozen
-class Restored:
-    """The replica part of a journal (restore_replicas)."""
-
-    mine: dict[m.TaskId, tuple[m.NodeId, ...]]
-    held: dict[m.TaskId, Held]
-    strays: dict[m.TaskId, frozenset[m.NodeId]]
-
-
-def restore_replicas(kv: dict[str, Any]) -> Restored:
-    """Our tasks' replicas (`repls:`), the nodes that may hold stray copies of them
-    (`strays:`) and the copies we keep (`replica:`) from the journal; a malformed entry
-    is skipped (the copy is lost, as without replicas)."""
-    mine: dict[m.TaskId, tuple[m.NodeId, ...]] = {}
-    held: dict[m.TaskId, Held] = {}
-    strays: dict[m.TaskId, frozenset[m.NodeId]] = {}
-    for key, value in kv.items():
-        try:
-            if key.startswith(REPLICAS):
-                mine[key[len(REPLICAS) :]] = tuple(str(n) for n in value)
-            elif key.startswith(STRAYS):
-                nodes = frozenset(str(n) for n in value if isinstance(n, str) and n)
-                if nodes:
-                    strays[key[len(STRAYS) :]] = nodes
-            elif key.startswith(REPLICA):
-                f = wire.Fields(value, "replica record")
-                spec = wire.decode_with(codec.task_spec_from_wire, f.map("spec", required=True))
-                held[spec.id] = Held(
-                    spec,
-                    f.str("home", required=True),
-                    f.str("runner", None),
-                    tuple(f.str_list("replicas")),
-                    f.nested("final", Final.from_wire),
-                )
-                f.done()
-        except (wire.WireError, TypeError, ValueError):
-            continue
-    return Restored(mine, held, strays)

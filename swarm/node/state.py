@@ -125,7 +125,7 @@ class NodeState(
         self.records = records if records is not None else TaskRecords()
         self.ledger = ledger
         self.handoffs = Handoffs(node)
-        self.succession = Succession(node, settings.home_grace)
+        self.succession = Succession(node, settings.home_grace, settings.replicas)
         self.adopted: dict[m.TaskId, tuple[m.NodeId, int]] = {}  # failover.py
         self.failover_at = 0.0
         self.prune_at = 0.0  # finished replica copies: next look (replicas.py)

@@ -63,7 +63,9 @@ def test_the_runner_adopts_after_the_grace_of_a_swim_death_and_not_before() -> N
     assert "adopted as its runner, claim epoch 2" in b.state.explains["t1"][-1]["outcome"]
     # every live member is told, in one message each; the dead home is not
     assert [(s.dest, [n.task_id for n in s.notices]) for s in b.notices_out] == [("C", ["t1"])]
-    assert b.notices_out[0].notices[0] == Notice("C", "t1", "B", 2, "B", ())
+    # with a copy at C: three nodes known, two copies wanted (stop 53: a runner's
+    # record names no replicas, and it adopted with none)
+    assert b.notices_out[0].notices[0] == Notice("C", "t1", "B", 2, "B", ("C",))
 
 
 def test_an_adopted_task_ends_here_with_no_report_to_the_dead_home() -> None:
@@ -119,13 +121,13 @@ def test_a_smaller_claim_is_answered_with_the_larger_one() -> None:
     _tick(b, 7.0)
     late = Notice("B", "t1", "A", 1, "B", ())
     answers, _ = b.state.on_notices("A", (late,), 8.0, 1008.0)
-    assert answers == [Notice("A", "t1", "B", 2, "B", ())]
+    assert answers == [Notice("A", "t1", "B", 2, "B", ("C",))]
     assert b.state.records.active["t1"].spec.home == "B"
     # a bystander that heard the adoption answers the old claim the same way
     (send,) = b.notices_out
     assert c.state.on_notices("B", send.notices, 8.0, 1008.0) == ([], [])
     answers, _ = c.state.on_notices("A", (Notice("C", "t1", "A", 1, "B", ()),), 9.0, 1009.0)
-    assert answers == [Notice("A", "t1", "B", 2, "B", ())]
+    assert answers == [Notice("A", "t1", "B", 2, "B", ("C",))]
 
 
 def test_an_undelivered_notice_is_owed_again() -> None:
@@ -336,6 +338,29 @@ def test_a_doubted_task_whose_runner_dies_during_the_doubt_is_placed_at_its_end(
     assert a.placements == ["t1"] and not a.state.deferred
     a.run(a.state.place("t1", 111.0, 1111.0))
     assert "t1" in a.queue
+
+
+def test_a_task_moved_back_home_during_the_doubt_waits_for_its_end() -> None:
+    """Found by the copies walks (stop 53): B asked to move A's task back home while
+    A was down; B adopted it once A had been dead for the grace, and A, back after
+    its grace, took the move that had been on its way and ran the task at once (the
+    doubt gated placements only): two runs. The task now waits, as a placement does."""
+    from swarm.node import events as ev
+    from swarm.node.doubt import DOUBT_MIN
+
+    a, b, _, net = _held_at_b(start=False)
+    outs = b.state.guest.request_move("t1", "A", 1.0)
+    assert outs
+    b.queue.remove("t1")
+    b.run(b.state.handle(ev.HandoffOutputs(1.0, 1001.0, 1, tuple(outs), ("t1",))))
+    a.run(a.state.restarted_after(100.0, 1100.0, alive_at=0.0))  # down long
+    assert "t1" in a.state.doubted
+    net.settle(100.5, 1100.5)  # the move B sent before A died reaches it now
+    t = a.state.records.active["t1"]
+    assert (t.state, t.node) == (S.QUEUED, "A") and "back home" in t.history[-1].cause
+    assert "t1" not in a.queue and "t1" in a.state.deferred
+    _tick(a, 100.0 + DOUBT_MIN)  # no notice came: nobody took it over
+    assert a.placements == ["t1"] and not a.state.deferred
 
 
 def test_a_runner_holding_the_copy_of_a_task_it_ran_adopts_it_as_ended() -> None:

@@ -86,6 +86,20 @@ def test_replicas_by_cluster_size_and_configured() -> None:
     assert k == 2 and len(order) == 4
 
 
+def test_copies_follow_the_known_cluster_a_member_down_included() -> None:
+    """Stop 53: by the live members' count, a task submitted on three nodes while one
+    was down got no copy at the third, and none when the node came back."""
+    (h,) = _nodes("H")
+    h.state.members_seen((("H", ALIVE), ("B", ALIVE), ("C", DEAD)), 0.0)
+    k, order = h.state.choose_replicas("t", ["H", "B"])
+    assert k == 1 and order == ("B",)
+    h.state.members_seen((("B", DEAD),), 1.0)
+    assert h.state.choose_replicas("t", ["H"]) == (0, ())  # nobody live to ask
+    h.state.members_seen((("B", m.MemberState.LEFT), ("C", m.MemberState.LEFT)), 2.0)
+    h.state.members_seen((("D", ALIVE),), 2.0)
+    assert h.state.choose_replicas("t", ["H", "D"])[0] == 0  # two nodes now
+
+
 def _handed_off() -> tuple[FakeNode, dict[str, FakeNode], FakeNet, str, str]:
     """t1 submitted at H with its copy at the replica r, then handed off to the other
     node (its runner)."""
@@ -217,6 +231,9 @@ def test_replica_messages_decode_strictly() -> None:
     spec = m.TaskSpec(id="t1", argv=("x",), home="H")
     msg = ReplicaMsg(HOLD, "t1", "H", None, ("B",), spec)
     assert replica_msg_from_wire(replica_msg_to_wire(msg)) == msg
+    assert "epoch" not in replica_msg_to_wire(msg)  # older agents refuse unknown fields
+    adopted = ReplicaMsg(HOLD, "t1", "H", None, ("B",), spec, epoch=3)
+    assert replica_msg_from_wire(replica_msg_to_wire(adopted)) == adopted
     good = replica_msg_to_wire(msg)
     for field, value, says in [
         ("kind", "steal", "field 'kind'"),
@@ -225,6 +242,8 @@ def test_replica_messages_decode_strictly() -> None:
         ("home", "C", "field 'spec'"),
         ("replicas", [""], "field 'home' or 'replicas'"),
         ("more", 1, "unknown field(s) 'more'"),
+        ("epoch", 0, "field 'epoch'"),
+        ("epoch", "2", "field 'epoch'"),
     ]:
         with pytest.raises(wire.SchemaError) as e:
             replica_msg_from_wire({**good, field: value})
@@ -526,6 +545,33 @@ def test_a_copy_asked_of_the_node_that_runs_the_task_is_kept_there() -> None:
     net.settle()
     _deliver(h, {"B": b, "C": c})
     assert r.state.held["t1"].final is not None
+
+
+def test_an_old_homes_copy_is_refused_where_an_adopter_holds_the_task() -> None:
+    """Stop 53 (the copies walks with a second loss): an old home back from the dead
+    sends its copies again; one taken over an adopter's copy was asked about at the
+    old home (which had let the task go) and dropped: the task was lost."""
+    h, b, c, _, spec, r = _submitted()
+    rep = {"B": b, "C": c}[r]
+    other = c if rep is b else b
+    rep.state.members_seen((("H", DEAD),), 10.0)
+    _tick(rep, 20.0)  # the replica adopted it, and copies it to the other node
+    assert rep.state.records.active["t1"].spec.home == rep.name
+    adopted = rep.state.hold_msg(rep.state.records.active["t1"].spec, (other.name,))
+    assert adopted.epoch == 2
+    why, instrs = other.state.on_replica(rep.name, adopted)
+    assert why is None
+    other.run(instrs)
+    held = other.state.held["t1"]
+    assert (held.home, held.epoch) == (rep.name, 2)
+    assert other.kv[REPLICA + "t1"]["epoch"] == 2
+    assert restore_replicas(other.kv).held["t1"].epoch == 2
+    _tick(other, 21.0)  # held at the adopter's claim, not at 1
+    rec = other.state.succession.record("t1")
+    assert rec is not None and (rec.home, rec.epoch) == (rep.name, 2)
+    why, instrs = other.state.on_replica("H", h.state.hold_msg(spec, (other.name,)))
+    assert why is not None and "taken over by" in why and instrs == []
+    assert other.state.held["t1"].home == rep.name
 
 
 def test_a_late_copy_of_a_task_this_node_adopted_is_not_kept() -> None:

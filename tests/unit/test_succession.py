@@ -386,6 +386,44 @@ def test_an_adopter_that_saw_nobody_alive_names_replicas_when_they_return() -> N
     assert notice == Notice("b", "t1", "a", 2, None, ("b",), 1)
 
 
+def test_a_runner_adopts_with_the_copies_the_known_cluster_calls_for() -> None:
+    """Stop 53 (the copies walks with a second loss): a runner's record comes from its
+    guest entry, which names no replicas; it adopted with none, and the next loss
+    took the task. An adoption now aims for the known cluster's copies."""
+    b = Succession("b", GRACE)
+    b.hold("t1", "h", 1, "b", ())
+    b.on_member("h", ALIVE, 0.0)
+    b.on_member("c", ALIVE, 0.0)
+    assert b.known_size() == 3 and b.copies_wanted() == 1
+    b.on_member("h", DEAD, 1.0)
+    adopt = next(d for d in b.step(1.0 + GRACE) if isinstance(d, Adopt))
+    assert adopt.as_runner and adopt.replicas == ("c",)
+
+
+def test_an_adoption_read_back_with_too_few_copies_names_more_as_members_come() -> None:
+    """A restarted adopter holds its adoption from the journal, with the copies it
+    had then (none: the others were down): it names one once a member is back."""
+    a = Succession("a", GRACE)
+    a.hold("t1", "a", 2, "a", ())
+    assert [d for d in a.step(1.0) if isinstance(d, Rereplicate)] == []  # none known
+    a.on_member("b", ALIVE, 2.0)
+    a.on_member("c", DEAD, 2.0)  # down, not left: the cluster is three nodes
+    (again,) = [d for d in a.step(3.0) if isinstance(d, Rereplicate)]
+    assert again.added == ("b",)
+    a.on_member("c", LEFT, 4.0)  # left for good: two nodes, no copy wanted
+    assert a.known_size() == 2 and a.copies_wanted() == 0
+
+
+def test_a_claim_by_another_node_says_an_old_homes_word_is_out_of_date() -> None:
+    r = Succession("r", GRACE)
+    r.hold("t1", "h", 1, None, ("r",))
+    assert r.taken_from("t1", "h") is None  # h's own first claim
+    r.on_adoption_notice("t1", "b", 2, None, ("r",))
+    taken = r.taken_from("t1", "h")
+    assert taken is not None and (taken.home, taken.epoch) == ("b", 2)
+    assert r.taken_from("t1", "b") is None and r.taken_from("t9", "h") is None
+
+
 def test_a_later_claim_of_the_same_home_is_followed_where_we_run_it() -> None:
     r = Succession("r", GRACE)
     r.hold("t1", "a", 1, "r")  # we run it for a (after a took it over and placed it)
