@@ -366,11 +366,14 @@ class Succession:
     def record(self, task_id: TaskId) -> Record | None:
         return self._held.get(task_id)
 
-    def taken_from(self, task_id: TaskId, home: NodeId) -> Record | None:
+    def taken_from(self, task_id: TaskId, home: NodeId, epoch: int = 1) -> Record | None:
         """The claim, held or heard, by which a node other than `home` took the task
-        over (an adoption): `home`'s word on it is out of date (None: no such claim)."""
+        over (an adoption) past `home`'s own claim `epoch`: `home`'s word on it is
+        out of date (None: no such claim)."""
         rec = self._held.get(task_id) or self._seen.get(task_id)
-        return rec if rec is not None and rec.home != home and rec.epoch > 1 else None
+        if rec is None or rec.home == home or rec.epoch == 1:
+            return None
+        return rec if claim_key(rec.epoch, rec.home) > claim_key(epoch, home) else None
 
     def held(self) -> dict[TaskId, Record]:
         return dict(self._held)

@@ -76,15 +76,20 @@ class RestartDoubt:
         that could have been taken over, if it was down for the grace or more."""
         grace = self.succession.grace
         down = None if alive_at is None else max(0.0, wall - alive_at)
-        out: list[ev.Instruction] = [ev.Persist((ev.Put(ALIVE_AT, wall),))]
+        beat: list[ev.Instruction] = [ev.Persist((ev.Put(ALIVE_AT, wall),))]
         self.alive_written = wall
         if down is not None and down < grace:
-            return out
+            return beat
         self._sync_succession()
         me = self.node
         self.doubted = {t for t, r in self.succession.records().items() if r.home == me}
         if not self.doubted:
-            return out
+            return beat
+        # no heartbeat until the doubt is over: a restart during it is in doubt again
+        # (stop 53: a second restart soon after the first read the first's heartbeat,
+        # a short absence, and sent the old home's copies over an adopter's)
+        self.alive_written = -ALIVE_EVERY
+        out: list[ev.Instruction] = []
         wait = max(grace, DOUBT_MIN)
         self.doubt_until = now + wait
         self.counters["restart_doubted"] = self.counters.get("restart_doubted", 0) + len(
@@ -142,7 +147,7 @@ class RestartDoubt:
         # just after the first task came, before the next tick, reads the old beat:
         # a long absence, so the restart waits (the safe side)
         stale = wall >= self.alive_written + ALIVE_EVERY or wall < self.alive_written
-        if stale and self.records.active:
+        if stale and self.records.active and now >= self.doubt_until:
             self.alive_written = wall
             out.append(ev.Persist((ev.Put(ALIVE_AT, wall),)))
         if self.deferred:

@@ -217,6 +217,7 @@ class Failover:
         want = self._wants_all()
         succ = self.succession
         have = succ.records()
+        me, guests = self.node, self.handoffs.guest.entries
         for tid, w in want.items():  # _sync_one, inlined: once a second over thousands
             rec = have.get(tid)
             if (
@@ -226,7 +227,8 @@ class Failover:
                 or rec.runner != w[2]
                 or rec.replicas != w[3]
             ):
-                succ.hold(tid, *w)
+                own = w[0] == me or tid in guests
+                succ.hold(tid, *w, _version(rec, w) if own else 0)
         for tid in have.keys() - want.keys():
             succ.release(tid)
 
@@ -237,9 +239,13 @@ class Failover:
         for tid, c in self.held.items():
             if c.final is None:  # a finished copy is an answer, never adopted
                 want[tid] = (c.home, c.epoch, c.runner, c.replicas)
-        epoch_of = self.succession.epoch_of
+        epoch_of, held = self.succession.epoch_of, self.held
         for tid, ge in self.handoffs.guest.entries.items():
-            want[tid] = (ge.home, epoch_of(tid, ge.home), me, ())
+            e = epoch_of(tid, ge.home)
+            copy = held.get(tid)
+            if copy is not None and copy.home == ge.home and copy.epoch > e:
+                e = copy.epoch  # (_guest_epoch, inlined)
+            want[tid] = (ge.home, e, me, ())
         for tid, copies in self.mine.items():  # ours, with copies elsewhere
             if tid not in self.adopted:
                 want[tid] = (me, 1, None, copies)
@@ -266,7 +272,7 @@ class Failover:
             w = (c.home, c.epoch, c.runner, c.replicas)
         ge = self.handoffs.guest.entries.get(tid)
         if ge is not None:
-            w = (ge.home, self.succession.epoch_of(tid, ge.home), me, ())
+            w = (ge.home, self._guest_epoch(tid, ge.home), me, ())
         copies = self.mine.get(tid)
         if copies is not None and tid not in self.adopted:
             w = (me, 1, None, copies)
@@ -274,6 +280,14 @@ class Failover:
         if he is not None:
             w = self._home_want(tid, he) or w
         return w
+
+    def _guest_epoch(self, tid: m.TaskId, home: m.NodeId) -> int:
+        """The claim a task we run for `home` is held at: its guest entry does not
+        know it; the succession core or our copy of it may (stop 53: held at 1 after
+        a restart, an old home's stale copy was taken over an adopter's)."""
+        e = self.succession.epoch_of(tid, home)
+        c = self.held.get(tid)
+        return c.epoch if c is not None and c.home == home and c.epoch > e else e
 
     def _home_want(self, tid: m.TaskId, he: h.HomeEntry) -> _Want | None:
         me = self.node
@@ -298,7 +312,8 @@ class Failover:
             or rec.runner != runner
             or rec.replicas != copies
         ):
-            self.succession.hold(tid, home, epoch, runner, copies)
+            own = home == self.node or tid in self.handoffs.guest.entries
+            self.succession.hold(tid, home, epoch, runner, copies, _version(rec, w) if own else 0)
 
     def _adopt(self, d: Adopt, now: float, wall: float) -> list[ev.Instruction]:
         tid = d.task_id
@@ -422,6 +437,16 @@ class Failover:
                 record.append(ev.Forget(tid))
         log = ev.log("warning", "failover.yielded", task=tid, to=n.home, epoch=n.epoch)
         return [*record, ev.Persist(tuple(ops), durable=True), *replicas, log, *after]
+
+
+def _version(rec: Record | None, w: _Want) -> int:
+    """The version to hold a record we know first-hand at (our own task's; one we
+    run): the held one's, for the same claim. Before stop 53 it was 0, older than a
+    re-replicated record's (version 1 and up), so `hold` refused it: the home's record
+    kept the runner it had when it named new replicas, and the runner's named none,
+    so its runner did not adopt the task once the home was lost. A copy's news is
+    second-hand: held at 0, a notice's newer record wins over it."""
+    return rec.version if rec is not None and rec.home == w[0] and rec.epoch == w[1] else 0
 
 
 def not_run_again(home: m.NodeId) -> str:

@@ -38,7 +38,7 @@ import attrs
 from .. import codec
 from .. import model as m
 from ..cluster import handoff as h
-from ..cluster.succession import Succession, replica_of, replicas_wanted
+from ..cluster.succession import Succession, claim_key, replica_of, replicas_wanted
 from . import events as ev
 from .records import TaskRecords
 from .recovery import REPLICA, REPLICAS, STRAYS, Handoffs
@@ -354,14 +354,14 @@ class Replicas:
                     return f"{tid} is held here as its home (claim {self._epoch(tid)})", []
                 # we are its home now (adopted it): a late copy of its old home's is none
                 return None, []
-            taken = self.succession.taken_from(tid, sender)
+            taken = self._taken_from(tid, sender, msg.epoch)
             if taken is not None:
                 # an old home back from the dead sends its copies again (its restart
                 # knows of none held): one over an adopter's copy, home and runner out
                 # of date, was asked about at that old home, which had let the task go,
                 # and dropped: the task was lost (stop 53, the copies walks with a
                 # second loss). Its adopter's notice makes it let go.
-                return f"{tid} was taken over by {taken.home} (epoch {taken.epoch})", []
+                return f"{tid} was taken over by {taken[0]} (epoch {taken[1]})", []
             # (a task we run for its home is copied all the same: before stop 45 it was
             # not, when its handoff came first, and once it left here again, back to its
             # home, the home named as its copy a node that had none)
@@ -385,6 +385,18 @@ class Replicas:
         cur.replicas = msg.replicas or cur.replicas
         cur.epoch = max(cur.epoch, msg.epoch)
         return None, [self._persist_held(tid)]
+
+    def _taken_from(self, tid: m.TaskId, home: m.NodeId, epoch: int) -> tuple[m.NodeId, int] | None:
+        """A larger claim than `home`'s `epoch` by another node, known here from the
+        succession core or from the copy we hold (a restart reads the copy's claim
+        back, not the core's)."""
+        rec = self.succession.taken_from(tid, home, epoch)
+        if rec is not None:
+            return rec.home, rec.epoch
+        c = self.held.get(tid)
+        if c is None or c.home == home or c.epoch == 1 or c.final is not None:
+            return None
+        return (c.home, c.epoch) if claim_key(c.epoch, c.home) > claim_key(epoch, home) else None
 
     def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]:
         if self.held.pop(tid, None) is None:

@@ -256,7 +256,8 @@ def test_a_home_back_after_its_grace_places_no_task_a_peer_may_have_taken_over()
 
     a, _ = _copied_at_a()
     a.run(a.state.restarted_after(100.0, 1100.0, alive_at=1000.0))  # down 100 s
-    assert a.kv[ALIVE_AT] == 1100.0 and any("restart_doubt" in x for x in a.logs)
+    # in doubt: no heartbeat until it is over (a restart meanwhile doubts again)
+    assert ALIVE_AT not in a.kv and any("restart_doubt" in x for x in a.logs)
     a.run(a.state.place("t1", 100.0, 1100.0))
     assert "t1" not in a.queue and "t1" in a.state.deferred
     assert "restarted after its grace" in a.state.explains["t1"][-1]["outcome"]
@@ -361,6 +362,23 @@ def test_a_task_moved_back_home_during_the_doubt_waits_for_its_end() -> None:
     assert "t1" not in a.queue and "t1" in a.state.deferred
     _tick(a, 100.0 + DOUBT_MIN)  # no notice came: nobody took it over
     assert a.placements == ["t1"] and not a.state.deferred
+
+
+def test_no_heartbeat_while_in_doubt_so_a_restart_during_it_doubts_again() -> None:
+    """Found by the copies walks (stop 53): a home back after its grace restarted
+    again at once; the second start read the first's heartbeat (a short absence),
+    was in doubt about nothing, and sent its copies over an adopter's."""
+    from swarm.node.doubt import DOUBT_MIN
+    from swarm.node.recovery import ALIVE_AT
+
+    a, _ = _copied_at_a()
+    a.kv.pop(ALIVE_AT, None)
+    a.run(a.state.restarted_after(100.0, 1100.0, alive_at=0.0))  # down long
+    assert "t1" in a.state.doubted and ALIVE_AT not in a.kv
+    _tick(a, 101.0)
+    assert ALIVE_AT not in a.kv  # in doubt: the old heartbeat stands
+    _tick(a, 100.0 + DOUBT_MIN)
+    assert a.kv[ALIVE_AT] == 1100.0 + DOUBT_MIN  # over: beating again
 
 
 def test_a_runner_holding_the_copy_of_a_task_it_ran_adopts_it_as_ended() -> None:

@@ -5,6 +5,7 @@ there (issue 19)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from swarm import model as m
@@ -572,6 +573,46 @@ def test_an_old_homes_copy_is_refused_where_an_adopter_holds_the_task() -> None:
     why, instrs = other.state.on_replica("H", h.state.hold_msg(spec, (other.name,)))
     assert why is not None and "taken over by" in why and instrs == []
     assert other.state.held["t1"].home == rep.name
+
+
+def test_records_follow_the_runner_after_new_replicas_were_named() -> None:
+    """Stop 53 (the copies walks): once a home named a new replica (its record's
+    version 1), its own record, and its runner's, were held at version 0, older, and
+    refused: the runner never appeared in them, so the runner did not adopt the task
+    when the home was lost (and a stray copy naming itself runner did)."""
+    h, b, c, net, _, r = _submitted()
+    nodes = {"H": h, "B": b, "C": c}
+    other = "C" if r == "B" else "B"
+    h.state.members_seen(((r, DEAD),), 1.0)
+    _tick(h, 2.0 + GRACE)  # r gone for a grace: other is named in its place
+    rec = h.state.succession.record("t1")
+    assert rec is not None and rec.replicas == (other,) and rec.version == 1
+    _deliver(h, nodes)
+    h.run(h.state.offer("t1", other, 8.0, 1008.0)[1])
+    net.settle(8.0, 1008.0)
+    assert "t1" in nodes[other].state.guest.entries
+    _tick(h, 9.0)
+    rec = h.state.succession.record("t1")
+    assert rec is not None and (rec.runner, rec.version) == (other, 1), rec
+
+
+def test_a_task_run_for_an_adopter_is_held_at_the_adopters_claim() -> None:
+    """A runner's guest entry knows no claim: after a restart (the succession core
+    empty) its record was held at 1, and an old home's stale copy went over the
+    adopter's (stop 53, the copies walks). Its copy of the task, from the adopter,
+    says the claim."""
+    from swarm.cluster import handoff as hs
+    from swarm.node.replicas import Held
+
+    (b,) = _nodes("B")
+    spec = m.TaskSpec(id="t1", argv=("x",), home="C")
+    b.state.held["t1"] = Held(spec, "C", "B", ("B",), None, 3)
+    b.state.handoffs.guest.entries["t1"] = hs.GuestEntry("t1", "C", 5, spec)
+    assert b.state._wanted("t1") == ("C", 3, "B", ())
+    assert b.state._wants_all()["t1"] == ("C", 3, "B", ())
+    old = attrs.evolve(spec, home="H")  # the first home's copy, back from the dead
+    why, _ = b.state.on_replica("H", ReplicaMsg(HOLD, "t1", "H", None, ("B",), old))
+    assert why is not None and "taken over by C (epoch 3)" in why
 
 
 def test_a_late_copy_of_a_task_this_node_adopted_is_not_kept() -> None:
