@@ -110,6 +110,12 @@ LATE_ONCE = "late-held-task-ran-once"
 # task, at most one per task, and ends; a result its original took from a backup
 # ("backup B finished first") is that backup's success
 BACKUP_SOUND = "backup-only-idempotent-once-and-ended"
+# stop 53: a submission is copied to another node while one of its peers is up, by the
+# known cluster's size (3 nodes or more: two copies), not by the live members' (before,
+# a task submitted while a node was down got no copy); checked where nodes go down only
+# (kill, restart, lose), never cut off or frozen (an unreachable peer is up)
+COPIED = "copy-while-a-peer-is-up"
+COPY_MARGIN = 10.0  # seconds around a node's down span in which it is taken as down
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
@@ -140,6 +146,8 @@ class Acked:
     strict: bool = True  # a gang's mode
     array: str = ""  # `swarm submit --array`: its indices (canonical)
     after: tuple[str, ...] = ()  # `swarm submit --after`, resolved ids
+    at: float = 0.0  # wall time of the answer
+    copies: int | None = None  # the answer's `replicas` (None: not in the answer)
 
 
 @attrs.frozen
@@ -1676,3 +1684,41 @@ def check_late_binding(
         "never_ran": len(held) - len(runs),
     }
     return out, figures
+
+
+def check_copies(
+    acked: Iterable[Acked], windows: Iterable[FaultWindow], nodes: Sequence[str]
+) -> tuple[list[Violation], dict[str, int]]:
+    """Each answered submission that says how many copies were made (`replicas`) was
+    copied to another node when one of its home's peers was up at the time: no kill,
+    restart or loss covered it within COPY_MARGIN (SWIM's detection, a restarted
+    agent's rejoin). Clusters of 3 or more (2 copies wanted); none where no peer was
+    surely up."""
+    downs = [w for w in windows if w.kind in ("kill", "restart", "lose")]
+    out: list[Violation] = []
+    f = {"answers": 0, "checked": 0, "copied": 0}
+    if len(nodes) < 3:
+        return out, f
+    for a in acked:
+        if a.copies is None:
+            continue
+        f["answers"] += 1
+        down = {
+            n
+            for w in downs
+            if w.start - COPY_MARGIN <= a.at <= w.end + COPY_MARGIN
+            for n in w.nodes
+        }
+        if not [n for n in nodes if n != a.home and n not in down]:
+            continue
+        f["checked"] += 1
+        if a.copies >= 2:
+            f["copied"] += 1
+            continue
+        detail = (
+            f"task {a.id}: answered with {a.copies} copy at {a.home} while "
+            f"{', '.join(n for n in nodes if n != a.home and n not in down)} was up "
+            f"(down then: {', '.join(sorted(down)) or 'none'})"
+        )
+        out.append(Violation(COPIED, a.home, detail))
+    return out, f

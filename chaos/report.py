@@ -13,6 +13,7 @@ from .invariants import (
     ALL,
     ARRAY_WHOLE,
     CONSTRAINT,
+    COPIED,
     DEP_ORDER,
     ENCRYPTED,
     EVERY_RUN,
@@ -75,7 +76,7 @@ def markdown(results: Sequence[ScenarioResult], meta: dict[str, Any]) -> str:
         f"arrays scenario; `{LATE_ONCE}` in the late-binding one; "
         + ", ".join(f"`{x}`" for x in EVERY_RUN)
         + f" in every scenario; `{RESTART_RERUN}` where restarts are the only fault; "
-        f"`{OLD_HOME_WAITS}` where kills, restarts and losses are.",
+        f"`{OLD_HOME_WAITS}` and `{COPIED}` where kills, restarts and losses are.",
         "",
     ]
     for r in results:

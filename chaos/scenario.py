@@ -618,6 +618,12 @@ class Runner:
             out += inv.check_no_rerun(acked, execs)
         if down_only(self.sc):  # a node down, never cut off or frozen: node/doubt.py
             out += inv.check_old_home_waits(execs, journals, windows, home_grace(self.sc))
+            copied, fc = inv.check_copies(acked, windows, [a.name for a in cl.agents])
+            out += copied
+            res.notes.append(
+                f"copies: {fc['answers']} answers said how many copies, {fc['checked']} "
+                f"while a peer of the home was surely up, {fc['copied']} of those copied"
+            )
         out += inv.check_reruns_recorded(acked, execs, journals)
         fenced = sum(
             1

@@ -160,6 +160,17 @@ FULL: tuple[Scenario, ...] = (
           description="homes with queues of their own killed for longer than the grace "
           "and restarted: their copies' holders adopt the queued tasks, and a home back "
           "runs none of those again (it waits for the notices)"),
+    # stop 53, appended: one of 4 nodes lost for good at 8-10 s (lane 2), then kills of
+    # 8-12 s (past the 5 s grace) from 12 s on: two of four nodes down at once, then
+    # back. Copies follow the known cluster (a submission gets its copy at the one
+    # live peer, `copy-while-a-peer-is-up`; before, none), adopters make theirs, and a
+    # node back gets no old home's copy over an adopter's
+    _full("copies-after-a-return", nodes=4, slots=2, faults=("kill",), hold=(8.0, 12.0),
+          gap=(3.0, 6.0), warmup=12.0, faults2=("lose",), lane2=((60.0, 60.0), (60.0, 60.0)),
+          task_seconds=(1.0, 3.0), bursts=4, drains=False, home_grace=5.0, settle=120.0,
+          description="one of 4 nodes lost for good, then others killed past the grace "
+          "and back: every submission copied while a peer is up, nothing lost, what "
+          "was adopted ends once"),
 )  # fmt: skip
 
 SMOKE: tuple[Scenario, ...] = (

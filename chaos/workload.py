@@ -219,13 +219,15 @@ class Workload:
             self.attempted += 1
         try:
             with a.client(timeout=SUBMIT_TIMEOUT) as c:
-                tid = c.submit(
+                answer = c.submit_answer(
                     argv,
                     cwd="/",
                     no_retry=sp.kind == "no-retry",
                     name=sp.kind,
                     **extra,
                 )
+            tid = str(answer["id"])
+            copies = answer.get("replicas")
         except RequestFailed as e:
             self._refuse(e.code)
             return
@@ -250,6 +252,8 @@ class Workload:
                     sp.strict,
                     array=_canonical(sp.array),
                     after=tuple(extra.get("after", ())),
+                    at=time.time(),
+                    copies=copies if isinstance(copies, int) else None,
                 )
             )
             self.kinds[sp.kind] += 1

@@ -305,6 +305,33 @@ class Client:
         `gang_restart=True` a failed gang starts again as a whole; `gang_timeout` fails
         it when it is not running after that many seconds. The id is the gang's; its
         members are ID.0 .. ID.N-1 (docs/gang.md)."""
+        answer = self.submit_answer(
+            argv,
+            name=name,
+            env=env,
+            cwd=cwd,
+            weight=weight,
+            no_retry=no_retry,
+            task_id=task_id,
+            **extra,
+        )
+        return str(answer["id"])
+
+    def submit_answer(
+        self,
+        argv: Sequence[str],
+        *,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        weight: float | None = None,
+        no_retry: bool = False,
+        task_id: str | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """`submit`, returning the agent's whole answer: `id`, and `replicas`, on how
+        many nodes the task is journaled, its home's included (none for an array, a
+        gang or a task with --after, which need their home)."""
         gang_request(extra)
         if cwd is None:
             try:
@@ -322,8 +349,7 @@ class Client:
             **extra,
         )
         check_submit(fields)
-        reply = self.call("submit", **fields)
-        return str(reply["id"])
+        return self.call("submit", **fields)
 
     def status(self, task_id: str) -> dict[str, Any]:
         return self.call("status", id=task_id)["task"]  # type: ignore[no-any-return]

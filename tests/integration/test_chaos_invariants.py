@@ -426,7 +426,7 @@ def test_the_full_suite_has_a_keyed_scenario_and_newer_ones_come_after_it() -> N
     assert names[15:] == [
         "priority-preempt", "constrained", "elastic", "home-loss",
         "agent-restart", "clock-skew", "home-loss-restarts", "gangs", "arrays",
-        "late-binding", "backups", "home-back",
+        "late-binding", "backups", "home-back", "copies-after-a-return",
     ]  # fmt: skip
     assert not any(sc.encrypted for sc in SMOKE)
 
@@ -765,3 +765,37 @@ def test_an_old_home_back_after_its_grace_does_not_start_what_was_adopted_from_i
     assert inv.check_old_home_waits(execs, journals, paused, 5.0) == []
     assert down_only(find("home-loss")) and down_only(find("home-loss-restarts"))
     assert not down_only(find("pause")) and not down_only(find("clock-skew"))
+
+
+def test_a_submission_is_copied_while_a_peer_of_its_home_is_up() -> None:
+    """Stop 53 (`copy-while-a-peer-is-up`): an answer with one copy (its home's) while
+    another node was surely up is a violation; one while every peer was down, or
+    within the margin of a peer's down span, is not judged; answers without the
+    field (an array, a gang, --after) are not counted."""
+    nodes = ["n1", "n2", "n3", "n4"]
+    t0 = 1000.0
+    lose = inv.FaultWindow("lose", frozenset({"n4"}), t0, t0 + 500.0)
+    kill = inv.FaultWindow("kill", frozenset({"n2"}), t0 + 50.0, t0 + 60.0)
+    cut = inv.FaultWindow("isolate", frozenset({"n3"}), t0 + 50.0, t0 + 60.0)
+    windows = [lose, kill, cut]
+
+    def acked(tid: str, at: float, copies: int | None, home: str = "n1") -> inv.Acked:
+        return inv.Acked(tid, home, at=t0 + at, copies=copies)
+
+    good = [acked("ok", 55.0, 2), acked("array", 55.0, None)]
+    out, f = inv.check_copies(good, windows, nodes)
+    assert out == [] and f == {"answers": 1, "checked": 1, "copied": 1}
+    # n2 killed, n4 lost: n3 is up (a cut is not down): its copy was owed
+    out, _ = inv.check_copies([acked("t1", 55.0, 1)], windows, nodes)
+    assert [v.invariant for v in out] == [inv.COPIED] and "n3 was up" in out[0].detail
+    # at n3, within the margin of n2's kill (taken as down), n4 lost: n1 is up
+    out, _ = inv.check_copies([acked("t2", 65.0, 1, home="n3")], windows, nodes)
+    assert [v.node for v in out] == ["n3"] and "down then: n2, n4" in out[0].detail
+    # no peer surely up: not judged
+    both = [inv.FaultWindow("kill", frozenset({"n2", "n3"}), t0 + 50.0, t0 + 60.0), lose]
+    assert inv.check_copies([acked("t4", 55.0, 1)], both, nodes) == (
+        [],
+        {"answers": 1, "checked": 0, "copied": 0},
+    )
+    # two nodes: one copy is what is wanted
+    assert inv.check_copies([acked("t5", 55.0, 1)], [], ["n1", "n2"])[0] == []
