@@ -329,9 +329,9 @@ class Client:
         task_id: str | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
-        """`submit`, returning the agent's whole answer: `id`, and `replicas`, on how
-        many nodes the task is journaled, its home's included (none for an array, a
-        gang or a task with --after, which need their home)."""
+        """`submit`, returning the agent's whole answer: `id`, and `replicas`, how many
+        other nodes journaled a copy of the task before the answer (none for an array,
+        a gang or a task with --after, which need their home)."""
         gang_request(extra)
         if cwd is None:
             try:
