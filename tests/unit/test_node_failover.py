@@ -381,6 +381,45 @@ def test_no_heartbeat_while_in_doubt_so_a_restart_during_it_doubts_again() -> No
     assert a.kv[ALIVE_AT] == 1100.0 + DOUBT_MIN  # over: beating again
 
 
+def test_a_home_in_doubt_sends_its_copies_nothing_until_the_doubt_ends() -> None:
+    """Found by the copies walks (stop 53): a home back after its grace sent its
+    copies again at once (a restart knows of none held); one went over the copy of
+    the node that had adopted the task, out of date, and the old home, told of the
+    adoption, let the task go and never released it. None is sent while in doubt."""
+    from swarm.node.doubt import DOUBT_MIN
+
+    a, _ = _copied_at_a()
+    a.state.sent.clear()  # as after a restart: no copy known to be held
+    a.run(a.state.restarted_after(100.0, 1100.0, alive_at=0.0))
+    assert "t1" in a.state.doubted and a.state.replica_update("t1") == []
+    _tick(a, 101.0)
+    assert a.replica_out == []
+    _tick(a, 100.0 + DOUBT_MIN)  # over: looked at again at the next tick
+    _tick(a, 101.0 + DOUBT_MIN)
+    assert [(i.dest, i.msg.kind) for i in a.replica_out] == [("B", "hold")]
+
+
+def test_an_adopters_copy_is_refused_by_the_old_home_until_it_lets_go() -> None:
+    """Found by the copies walks (stop 53): an adopter's copy reached the old home,
+    back, before the notice that makes it let go: taken as none (it is the home),
+    it was answered as held, and nobody held it. Refused now (sent again later);
+    the same copy at the old home's own claim, or an old one, is still none."""
+    from swarm.node.replicas import HOLD, ReplicaMsg
+
+    a, _ = _copied_at_a()
+    spec = attrs.evolve(a.state.records.active["t1"].spec, home="B")
+    copy = ReplicaMsg(HOLD, "t1", "B", None, ("A",), spec, epoch=2)
+    why, instrs = a.state.on_replica("B", copy)
+    assert why is not None and "held here as its home" in why and instrs == []
+    assert "t1" not in a.state.held
+    _, instrs = a.state.on_notices("B", (Notice("A", "t1", "B", 2, None, ("A",)),), 1.0, 1001.0)
+    a.run(instrs)  # told: A lets it go, then takes the copy
+    why, instrs = a.state.on_replica("B", copy)
+    assert why is None
+    a.run(instrs)
+    assert a.state.held["t1"].home == "B" and a.state.held["t1"].epoch == 2
+
+
 def test_a_runner_holding_the_copy_of_a_task_it_ran_adopts_it_as_ended() -> None:
     """Found by the copies test with lost homes that come back (stop 52): B ran A's
     task and held its copy; A took B's report of the end, then died before its

@@ -424,6 +424,24 @@ def test_a_claim_by_another_node_says_an_old_homes_word_is_out_of_date() -> None
     assert r.taken_from("t1", "b") is None and r.taken_from("t9", "h") is None
 
 
+def test_an_adoption_let_go_is_remembered_as_a_claim_heard() -> None:
+    """Stop 53: a node that released an adopter's record (nothing of it held here any
+    more) forgot the claim, and took an old home's stale copy later; it remembers the
+    claim now, and a task it comes to run for that adopter is held at its epoch."""
+    c = Succession("c", GRACE)
+    c.hold("t1", "b", 2, None, ("c",))
+    c.release("t1")
+    assert c.record("t1") is None
+    taken = c.taken_from("t1", "a")
+    assert taken is not None and (taken.home, taken.epoch) == ("b", 2)
+    assert c.epoch_of("t1", "b") == 2 and c.epoch_of("t1", "a") == 1
+    assert c.hold("t1", "b", 2, "c", ())  # run here for b: held at its claim
+    mine = Succession("b", GRACE)
+    mine.hold("t1", "b", 2, None, ())
+    mine.release("t1")  # our own adoption ended: nothing to remember
+    assert mine.taken_from("t1", "a") is None
+
+
 def test_a_later_claim_of_the_same_home_is_followed_where_we_run_it() -> None:
     r = Succession("r", GRACE)
     r.hold("t1", "a", 1, "r")  # we run it for a (after a took it over and placed it)
