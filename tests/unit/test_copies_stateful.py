@@ -234,9 +234,12 @@ class Copies(RuleBasedStateMachine):
             return
         node.finish(sorted(node.running)[0], code, self.now, 1000.0 + self.now)
 
-    @rule(dt=st.floats(0.1, 20.0))
+    @rule(dt=st.floats(0.1, 0.95 * GRACE))
     def tick(self, dt: float) -> None:
-        """Time passes: each live node's failover tick, its copies' news delivered."""
+        """Time passes: each live node's failover tick, its copies' news delivered.
+        Below the grace, as an agent's (one a second): with longer steps a runner
+        (one grace) and a copy holder (two) adopted in one tick, and the larger node
+        id won over the runner that ran the task (at-least-once by design)."""
         self.now += dt
         for node in self._live():
             node.state.failover_at = 0.0
