@@ -178,6 +178,11 @@ class Copies(RuleBasedStateMachine):
             self.offer_one(home, tid, target)
 
     def offer_one(self, home: FakeNode, tid: m.TaskId, target: str) -> None:
+        """As the home's placement: none while it is in doubt about the task (it
+        defers it, node/doubt.py; before stop 53 the walks offered it all the same,
+        and ran twice a task a peer had adopted)."""
+        if home.state.in_doubt_here(tid, self.now):
+            return
         why, instrs = home.state.offer(tid, target, self.now, 1000.0 + self.now)
         if why is None:
             if tid in home.queue:
