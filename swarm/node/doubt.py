@@ -127,6 +127,16 @@ class RestartDoubt:
             return self.defer_in_doubt(t.id, wall)
         return self.enqueue_local(t, now)
 
+    def move_refusal(self, tid: m.TaskId, target: m.NodeId, now: float) -> str | None:
+        """Why a move of our task on to another node is refused: we are in doubt about
+        it. The runner that asked may have adopted it since (the request was on its
+        way while we were down): before stop 53 the move went through, and the task
+        ran at its adopter and at the move's target (the copies walks). Back home is
+        taken, and waits (`back_home`)."""
+        if target == self.node or not self.in_doubt_here(tid, now):
+            return None
+        return "its home restarted after its grace and is in doubt about it: it stays"
+
     def defer_in_doubt(self, tid: m.TaskId, wall: float) -> list[ev.Instruction]:
         """Placing `tid` waits for the doubt's end (failover ticks place it then)."""
         if tid in self.deferred:

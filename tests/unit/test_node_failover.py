@@ -420,6 +420,23 @@ def test_an_adopters_copy_is_refused_by_the_old_home_until_it_lets_go() -> None:
     assert a.state.held["t1"].home == "B" and a.state.held["t1"].epoch == 2
 
 
+def test_a_move_on_to_another_node_is_refused_during_the_doubt() -> None:
+    """Found by the copies walks (stop 53): a move the runner asked for while the home
+    was down reached the home, back after its grace, and went through; the runner had
+    adopted the task meanwhile, and it ran at both. Refused while in doubt."""
+    from swarm.node import events as ev
+
+    a, b, c, net = _held_at_b(start=False)
+    outs = b.state.guest.request_move("t1", "C", 1.0)
+    b.queue.remove("t1")
+    b.run(b.state.handle(ev.HandoffOutputs(1.0, 1001.0, 1, tuple(outs), ("t1",))))
+    a.run(a.state.restarted_after(100.0, 1100.0, alive_at=0.0))  # down long
+    net.settle(100.5, 1100.5)
+    he = a.state.home.entries["t1"]
+    assert (he.phase, he.where) == (h.HomePhase.REMOTE, "B")
+    assert "t1" not in c.state.guest.entries and "t1" in b.state.guest.entries
+
+
 def test_a_runner_holding_the_copy_of_a_task_it_ran_adopts_it_as_ended() -> None:
     """Found by the copies test with lost homes that come back (stop 52): B ran A's
     task and held its copy; A took B's report of the end, then died before its
