@@ -286,36 +286,11 @@ class Client:
 
     # ------------------------------------------------------------ operations
 
-    def submit(
-        self,
-        argv: Sequence[str],
-        *,
-        name: str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        weight: float | None = None,
-        no_retry: bool = False,
-        task_id: str | None = None,
-        **extra: Any,
-    ) -> str:
-        """Submit a task; returns its id once the agent has journaled it.
-
-        `gang=N` (issue 22) submits N members of the command that start together:
-        with `gang_mode="nonstrict"` and `min_available=M` at least M of them; with
-        `gang_restart=True` a failed gang starts again as a whole; `gang_timeout` fails
-        it when it is not running after that many seconds. The id is the gang's; its
-        members are ID.0 .. ID.N-1 (docs/gang.md)."""
-        answer = self.submit_answer(
-            argv,
-            name=name,
-            env=env,
-            cwd=cwd,
-            weight=weight,
-            no_retry=no_retry,
-            task_id=task_id,
-            **extra,
-        )
-        return str(answer["id"])
+    def submit(self, argv: Sequence[str], **fields: Any) -> str:
+        """Submit a task; returns its id once the agent has journaled it. The fields
+        are `submit_answer`'s (name, env, cwd, weight, no_retry, task_id, and the
+        request's others: gang, array, after, ...)."""
+        return str(self.submit_answer(argv, **fields)["id"])
 
     def submit_answer(
         self,
@@ -329,9 +304,16 @@ class Client:
         task_id: str | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
-        """`submit`, returning the agent's whole answer: `id`, and `replicas`, how many
-        other nodes journaled a copy of the task before the answer (none for an array,
-        a gang or a task with --after, which need their home)."""
+        """Submit a task; the agent's whole answer once it has journaled it: `id`, and
+        `replicas`, how many other nodes journaled a copy of the task before the
+        answer (none for an array, a gang or a task with --after, which need their
+        home).
+
+        `gang=N` (issue 22) submits N members of the command that start together:
+        with `gang_mode="nonstrict"` and `min_available=M` at least M of them; with
+        `gang_restart=True` a failed gang starts again as a whole; `gang_timeout` fails
+        it when it is not running after that many seconds. The id is the gang's; its
+        members are ID.0 .. ID.N-1 (docs/gang.md)."""
         gang_request(extra)
         if cwd is None:
             try:
