@@ -228,6 +228,7 @@ class Succession:
         self.grace = grace
         self.configured = configured  # the copies configured, the home's own included
         self._members: dict[NodeId, _Member] = {}
+        self._known = 1  # members not known to have left, ourselves included (known_size)
         self._held: dict[TaskId, Record] = {}
         self._told: dict[TaskId, dict[NodeId, float]] = {}  # our adoptions: who knows
         self._doubt: dict[TaskId, float] = {}  # home tasks in doubt until
@@ -245,6 +246,10 @@ class Succession:
         gone = state in GONE
         cur = self._members.get(node)
         since = at if cur is None or (cur.state in GONE) != gone else cur.since
+        if node != self.me:  # the known cluster, kept as members change (known_size)
+            self._known += (state != MemberState.LEFT) - (
+                cur is not None and cur.state != MemberState.LEFT
+            )
         self._members[node] = _Member(state, since)
         if node == self.me and gone:
             self._in_doubt_from(at)
@@ -256,6 +261,7 @@ class Succession:
         """This node restarted (its records come from its journal): a fresh membership
         view, every adopter's notice owed again, home tasks in doubt."""
         self._members.clear()
+        self._known = 1
         self._seen.clear()  # not journaled: lost with the process
         for told in self._told.values():
             told.clear()
@@ -417,8 +423,7 @@ class Succession:
     def known_size(self) -> int:
         """The cluster's size as this view knows it: every member not known to have
         left, the dead among them (a node down is expected back), ourselves too."""
-        left = MemberState.LEFT
-        return 1 + sum(1 for n, mb in self._members.items() if n != self.me and mb.state != left)
+        return self._known  # kept by on_member: each submission asks (replicas.py)
 
     def copies_wanted(self) -> int:
         """Replicas a task of ours is to have besides us, by the known cluster size

@@ -424,6 +424,27 @@ def test_a_claim_by_another_node_says_an_old_homes_word_is_out_of_date() -> None
     assert r.taken_from("t1", "b") is None and r.taken_from("t9", "h") is None
 
 
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", "me"]), st.sampled_from(list(MemberState))),
+        max_size=30,
+    )
+)
+def test_the_known_size_kept_as_members_change_is_their_count(
+    changes: list[tuple[str, MemberState]],
+) -> None:
+    """known_size is kept by on_member (each submission asks it): it is always the
+    members not known to have left, ourselves included, and a restart starts over."""
+    s = Succession("me", GRACE)
+    for k, (node, state) in enumerate(changes):
+        s.on_member(node, state, float(k))
+        seen = {n for n, _ in changes[: k + 1] if n != "me"}
+        last = {n: x for n, x in changes[: k + 1]}
+        assert s.known_size() == 1 + sum(1 for n in seen if last[n] is not LEFT)
+    s.restarted(100.0)
+    assert s.known_size() == 1
+
+
 def test_an_adoption_let_go_is_remembered_as_a_claim_heard() -> None:
     """Stop 53: a node that released an adopter's record (nothing of it held here any
     more) forgot the claim, and took an old home's stale copy later; it remembers the
