@@ -7,7 +7,9 @@ dicts, so a test states an incident as a list of stimuli and reads the outcome.
 
 from __future__ import annotations
 
+import random
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from swarm import model as m
@@ -381,3 +383,26 @@ class FakeNet:
         for other in self.nodes.values():
             if other.name not in self.dead:
                 other.run(other.state.on_node_dead(name, now, wall))
+
+
+def long_walks(
+    make: Callable[[], Any],
+    step: Callable[[Any, random.Random], None],
+    walks: int,
+    steps: int,
+    checks: Callable[[Any], None] = lambda mch: None,
+) -> dict[str, int]:
+    """Long seeded walks of a stateful test (hypothesis favours short runs): walk
+    `seed` in range(walks) takes `steps` steps of `step` from `make()`, `checks`
+    after each, then its teardown; what the walks' `seen` counted, summed."""
+    seen: dict[str, int] = {}
+    for seed in range(walks):
+        rng = random.Random(seed)
+        mch = make()
+        for _ in range(steps):
+            step(mch, rng)
+            checks(mch)
+        mch.teardown()
+        for k, v in mch.seen.items():
+            seen[k] = seen.get(k, 0) + v
+    return seen

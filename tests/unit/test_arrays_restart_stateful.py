@@ -32,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from swarm import model as m
 from swarm.node import events as ev
 
-from .node_harness import OneHome
+from .node_harness import OneHome, long_walks
 
 S = m.TaskState
 
@@ -176,17 +176,12 @@ TestArrayHome.settings = settings(max_examples=100, stateful_step_count=50, dead
 
 def test_long_random_walks_keep_arrays_whole() -> None:
     """Long seeded walks (hypothesis favours short runs): 150 walks of 150 steps."""
-    seen: dict[str, int] = {}
-    for seed in range(150):
-        rng = random.Random(seed)
-        mch = ArrayHome()
-        for _ in range(150):
-            _step(mch, rng)
-            mch.never_more_than_the_cap_unfinished()
-            mch.an_element_runs_once_unless_a_reboot_killed_it()
-        mch.teardown()
-        for k, v in mch.seen.items():
-            seen[k] = seen.get(k, 0) + v
+
+    def checks(mch: ArrayHome) -> None:
+        mch.never_more_than_the_cap_unfinished()
+        mch.an_element_runs_once_unless_a_reboot_killed_it()
+
+    seen = long_walks(ArrayHome, _step, 150, 150, checks)
     assert all(v >= 20 for v in seen.values()), seen
 
 

@@ -64,7 +64,7 @@ from swarm.cluster import handoff as h
 from swarm.node import events as ev
 from swarm.node.state import Settings
 
-from .node_harness import FakeNet, FakeNode
+from .node_harness import FakeNet, FakeNode, long_walks
 
 S = m.TaskState
 NAMES = ("A", "B", "C")
@@ -484,20 +484,16 @@ def test_long_random_walks_keep_every_acknowledged_task() -> None:
     after every step, 150 walks of 400 steps (~4 s), nodes lost in some, and lost
     again after a return in some; the walks must reach the cases the invariants are
     about. (Stop 53: 1,000 walks of 400 steps and 400 of 800 passed.)"""
-    seen = dict.fromkeys(SEEN, 0)
-    for seed in range(150):
-        rng = random.Random(seed)
-        mch = Copies()
-        for _ in range(400):
-            _step(mch, rng)
-            mch.acknowledged_tasks_survive_one_loss()
-            mch.no_copy_news_overlooked()
-            mch.one_task_synced_as_all_are()
-            mch.a_task_runs_once_unless_its_run_was_lost()
-        mch.teardown()  # quiesces, then checks the ends reached every copy
-        for k in seen:
-            seen[k] += mch.seen[k]
-    assert all(v >= 20 for v in seen.values()), seen
+
+    def checks(mch: Copies) -> None:
+        mch.acknowledged_tasks_survive_one_loss()
+        mch.no_copy_news_overlooked()
+        mch.one_task_synced_as_all_are()
+        mch.a_task_runs_once_unless_its_run_was_lost()
+
+    # (the teardown quiesces, then checks the ends reached every copy)
+    seen = long_walks(Copies, _step, 150, 400, checks)
+    assert set(seen) == set(SEEN) and all(v >= 20 for v in seen.values()), seen
 
 
 def _step(mch: Copies, rng: random.Random) -> None:

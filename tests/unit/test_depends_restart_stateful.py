@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 from swarm import model as m
 from swarm.node import events as ev
 
-from .node_harness import OneHome
+from .node_harness import OneHome, long_walks
 
 S = m.TaskState
 CONDS = ("ok", "any", "notok")
@@ -141,15 +141,7 @@ TestDepsHome.settings = settings(max_examples=100, stateful_step_count=50, deadl
 
 def test_long_random_walks_keep_dependencies() -> None:
     """Long seeded walks (hypothesis favours short runs): 150 walks of 150 steps."""
-    seen: dict[str, int] = {}
-    for seed in range(150):
-        rng = random.Random(seed)
-        mch = DepsHome()
-        for _ in range(150):
-            _step(mch, rng)
-        mch.teardown()
-        for k, v in mch.seen.items():
-            seen[k] = seen.get(k, 0) + v
+    seen = long_walks(DepsHome, _step, 150, 150)
     assert all(v >= 20 for v in seen.values()), seen
 
 

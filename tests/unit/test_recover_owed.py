@@ -66,30 +66,35 @@ def _finished(tid: str, home: str = "n3") -> m.Task:
     return m.transition(run, S.SUCCEEDED, 3.0, "exited 0", exit_code=0)
 
 
+def _owed_after_recover(tasks: list[m.Task], kv: dict[str, object]) -> list[m.Task]:
+    """A journal holding these finished records and keys, recovered: what it owes."""
+    with tempfile.TemporaryDirectory(prefix="sw-owed-") as d:
+        path = Path(d) / "journal.db"
+        j = jr.Journal(path)
+        raw = sqlite3.connect(path, isolation_level=None)
+        try:
+            for t in tasks:
+                _row(raw, t)
+            put = "INSERT INTO kv(key, value) VALUES (?, ?)"
+            for key, value in kv.items():
+                raw.execute(put, (key, wire.pack(value)))
+            return list(j.recover().owed)
+        finally:
+            raw.close()
+            j.close()
+
+
 def test_recover_returns_our_finished_tasks_whose_copies_are_owed_their_release() -> None:
     """Chaos late-binding (seed 1024, stop 45): a home restarted after its task ended
     sent the release to a stray copy without how the task ended (its finished record
     was not in memory); it reached the stray before the copy itself, which then
     stayed `queued` there. A task named by `repls:` or `strays:` comes back, and the
     release it is owed after the restart says how it ended."""
-
-    with tempfile.TemporaryDirectory(prefix="sw-owed-") as d:
-        path = Path(d) / "journal.db"
-        j = jr.Journal(path)
-        raw = sqlite3.connect(path, isolation_level=None)
-        try:
-            for tid in ("t1", "t2", "t3"):
-                _row(raw, _finished(tid))
-            put = "INSERT INTO kv(key, value) VALUES (?, ?)"
-            raw.execute(put, ("strays:t1", wire.pack(["n1"])))
-            raw.execute(put, ("repls:t2", wire.pack(["n2"])))
-            rec = j.recover()  # t3: nothing owed, stays in the journal only
-            assert sorted(t.id for t in rec.owed) == ["t1", "t2"]
-        finally:
-            raw.close()
-            j.close()
+    tasks = [_finished(tid) for tid in ("t1", "t2", "t3")]
+    owed = _owed_after_recover(tasks, {"strays:t1": ["n1"], "repls:t2": ["n2"]})
+    assert sorted(t.id for t in owed) == ["t1", "t2"]  # t3: nothing owed, journal only
     st = NodeState("n3", ledger=ShareLedger(1024))
-    for t in rec.owed:
+    for t in owed:
         st.records.store(t)
     st.strays = {"t1": frozenset({"n1"})}
     st.succession.on_member("n1", m.MemberState.ALIVE, 0.0)
@@ -103,18 +108,6 @@ def test_recover_returns_finished_records_we_keep_a_copy_of_and_array_ends_uncou
     back (adopting the copy after its home's loss, it adopts the task as it ended, not
     as a new one: failover.py `_adopt_copy`); and an array element whose end its
     array's journaled progress has not counted yet (`aelem:`, node/arrays.py)."""
-    with tempfile.TemporaryDirectory(prefix="sw-owed-") as d:
-        path = Path(d) / "journal.db"
-        j = jr.Journal(path)
-        raw = sqlite3.connect(path, isolation_level=None)
-        try:
-            for tid in ("t1", "arr_0", "t3"):
-                _row(raw, _finished(tid, home="n2"))
-            put = "INSERT INTO kv(key, value) VALUES (?, ?)"
-            raw.execute(put, ("replica:t1", wire.pack({"home": "n2"})))
-            raw.execute(put, ("aelem:arr_0", wire.pack("arr")))
-            rec = j.recover()  # t3: nothing owed, stays in the journal only
-            assert sorted(t.id for t in rec.owed) == ["arr_0", "t1"]
-        finally:
-            raw.close()
-            j.close()
+    tasks = [_finished(tid, home="n2") for tid in ("t1", "arr_0", "t3")]
+    owed = _owed_after_recover(tasks, {"replica:t1": {"home": "n2"}, "aelem:arr_0": "arr"})
+    assert sorted(t.id for t in owed) == ["arr_0", "t1"]  # t3: nothing owed
