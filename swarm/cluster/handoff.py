@@ -735,6 +735,16 @@ class GuestSide:
                 return Reply(
                     o.task_id, o.epoch, False, reason="an older copy is still running here"
                 ), None
+            end = e.report if e.phase is GuestPhase.FINISHED else None
+            if end is not None and end.final and end.state != "fenced":
+                # its run ended here, the end not yet taken (its home died; this is an
+                # adopter's offer): taken, and answered with that end, not run again.
+                # Before stop 54 the run was forgotten and the task ran a second time
+                e = GuestEntry(o.task_id, sender, o.epoch, o.spec, GuestPhase.FINISHED, now)
+                e.next_at, e.tries = now + PENDING_QUERY_AFTER, 1  # sent on its commit
+                e.report = attrs.evolve(end, epoch=o.epoch)
+                self.entries[o.task_id] = e
+                return Reply(o.task_id, o.epoch, True), e
         if refusal is not None:
             return Reply(o.task_id, o.epoch, False, reason=refusal), None
         e = GuestEntry(
@@ -755,6 +765,8 @@ class GuestSide:
         if e.phase is GuestPhase.PENDING:
             e.set_phase(GuestPhase.READY)
             return Reply(c.task_id, c.epoch, True), [RunNow(c.task_id)]
+        if e.phase is GuestPhase.FINISHED and e.report is not None:
+            return Reply(c.task_id, c.epoch, True), [Send(e.home, e.report)]  # (on_offer)
         return Reply(c.task_id, c.epoch, True), []  # CONFIRM waits for a query answer
 
     def on_abort(self, a: Abort) -> tuple[Reply, list[Output]]:

@@ -501,16 +501,39 @@ class Succession:
                     break
                 if not self._gone_long(r, now):
                     return None  # an earlier replica adopts it
-        live = [n for n, m in self._members.items() if m.state is MemberState.ALIVE]
-        want = max(len(rec.replicas), self.copies_wanted())
-        replicas = replica_of(task_id, self.me, [*live, self.me], want)
-        epoch = rec.epoch + 1
-        self._store(task_id, Record(self.me, epoch, self.me if as_runner else None, replicas))
-        self._copies[task_id] = want  # fewer live now: more named as members come back
-        self._told[task_id] = {}
         gone = self.gone_for(rec.home, now)
         role = "runner" if as_runner else "replica"
         why = f"{rec.home} dead for {gone:.1f}s (grace {self.grace:.1f}s): adopted as {role}"
+        return self._take(task_id, rec, rec.epoch + 1, as_runner, why)
+
+    def counter(self, task_id: TaskId, old: Record, claim: Notice) -> Adopt | None:
+        """Claim above `claim`, an adoption naming no runner but its claimant (which
+        may have queued or started it since), of a task that ended here (`old`: our
+        record before the notice; the caller knows of the end), so that the end stays
+        instead of the claimant running the task again. Only as the runner of the
+        record it takes over, or against a tie our own runner's adoption lost on node
+        ids: a counter is never countered in turn (it names its runner). Stop 54: a
+        runner restarted just after its home died dated the death from its restart,
+        adopted in the same tick as a copy holder, lost the tie, forgot the end of its
+        run, and the holder ran the task again."""
+        if claim.runner not in (None, claim.home) or old.runner != self.me:
+            return None
+        if claim.epoch >= MAX_EPOCH:
+            return None
+        if old.home == self.me and claim.epoch != old.epoch:
+            return None
+        why = f"{claim.home} claimed it at epoch {claim.epoch} naming no runner; it ended here"
+        return self._take(task_id, old, claim.epoch + 1, True, why)
+
+    def _take(self, task_id: TaskId, rec: Record, epoch: int, as_runner: bool, why: str) -> Adopt:
+        """Hold the task as its home at `epoch`, with the copies the known cluster calls
+        for among the live members; every member owed the notice."""
+        live = [n for n, m in self._members.items() if m.state is MemberState.ALIVE]
+        want = max(len(rec.replicas), self.copies_wanted())
+        replicas = replica_of(task_id, self.me, [*live, self.me], want)
+        self._store(task_id, Record(self.me, epoch, self.me if as_runner else None, replicas))
+        self._copies[task_id] = want  # fewer live now: more named as members come back
+        self._told[task_id] = {}
         return Adopt(task_id, rec.home, epoch, as_runner, replicas, why)
 
     def _rereplicate(self, task_id: TaskId, now: float) -> Rereplicate | None:

@@ -2,7 +2,7 @@
 
 A home sends its copies' news (replicas.py) only to holders live in its view, and
 gives up a stray copy's release once its holder has been gone STRAY_GIVE_UP
-(failover.py). A node back after a longer absence (a night's maintenance, a long
+(forget_gone_strays). A node back after a longer absence (a night's maintenance, a long
 partition) kept its copy of a task that ended meanwhile as it was, `queued`: `swarm
 status` there answered from it, and had the home been lost later, that node could
 have adopted the finished task and run it again.
@@ -37,6 +37,7 @@ from ..cluster.succession import GONE, Succession
 from . import events as ev
 from .replicas import ASK, Held, ReplicaMsg
 
+STRAY_GIVE_UP = 3600.0  # seconds gone after which a stray copy's release is given up
 ASK_TRIES = 3  # failover ticks an ask is sent at before it is given up (its home is old)
 ASKS_PER_TICK = 2048  # asks sent at one tick at most
 RECHECK_AFTER = 3600.0  # seconds a copy not known to have ended goes before it is asked
@@ -65,6 +66,24 @@ class CopyAsks:
         def _set_strays(
             self, task_id: m.TaskId, nodes: frozenset[m.NodeId], durable: bool = False
         ) -> list[ev.Instruction]: ...
+        def forget_strays(
+            self, tid: m.TaskId, nodes: frozenset[m.NodeId]
+        ) -> list[ev.Instruction]: ...
+
+    def forget_gone_strays(self, now: float) -> list[ev.Instruction]:
+        """Nodes that may hold a stray copy (replicas.py `strays`) are sent its release
+        only while they are live in this view, and given up once gone for
+        STRAY_GIVE_UP: one back later asks when it sees us alive again. Called by
+        failover.py's tick; a node the view never named is taken as gone there
+        (`_unheard`), as for handoffs."""
+        out: list[ev.Instruction] = []
+        for tid, nodes in list(self.strays.items()):
+            gone = frozenset(
+                n for n in nodes if (self.succession.gone_for(n, now) or 0.0) >= STRAY_GIVE_UP
+            )
+            if gone:
+                out += self.forget_strays(tid, gone)
+        return out
 
     def member_changing(self, node: m.NodeId, state: m.MemberState) -> None:
         """Before the view takes `node`'s new state: alive after gone or unknown?"""

@@ -22,11 +22,9 @@ the handoff sides:
   we run): the home entry and our copy of the record go (the task's record is at the
   new home); a copy we still run is stopped (a second run, recorded at the node that
   made it). So a home that comes back never places or runs the task again.
-
-Wired today: the runner's adoption (a task committed here: queued, running, or
-finished with its result unacknowledged; also one only offered here, whose commit
-the dead home never sent). Not yet: replicas of tasks queued at their home (such a
-task is lost with its home's disk), `--at-most-once` fencing.
+* **Counter** (a claim naming no runner but its claimant, a copy holder's, over a
+  task that ended here, its end not yet taken): we claim above it rather than yield,
+  so the end stays (`_counter`).
 """
 
 from __future__ import annotations
@@ -50,7 +48,6 @@ _Want = tuple[m.NodeId, int, m.NodeId | None, tuple[m.NodeId, ...]]
 
 S = m.TaskState
 NOTICES_PER_MESSAGE = 256
-STRAY_GIVE_UP = 3600.0  # seconds gone after which a stray copy's release is given up
 # A member our records name that our view never heard of, this long after we first saw
 # a peer: gone long ago (push-pull carries dead members only for a short while, so a
 # node that restarts later never hears of one; it would wait on it for ever)
@@ -89,9 +86,7 @@ class Failover:
             self, tid: m.TaskId, nodes: tuple[m.NodeId, ...]
         ) -> list[ev.Instruction]: ...
         def forget_replicas(self, tid: m.TaskId, lazy: bool = False) -> list[ev.Instruction]: ...
-        def forget_strays(
-            self, tid: m.TaskId, nodes: frozenset[m.NodeId]
-        ) -> list[ev.Instruction]: ...
+        def forget_gone_strays(self, now: float) -> list[ev.Instruction]: ...
         def drop_held(self, tid: m.TaskId) -> list[ev.Instruction]: ...
         def prune_finished_copies(self, wall: float) -> list[ev.Instruction]: ...
         def member_changing(self, node: m.NodeId, state: m.MemberState) -> None: ...
@@ -123,7 +118,7 @@ class Failover:
                 out += self.rereplicated(d.task_id, d.replicas)
             elif isinstance(d, Notice):
                 owed.setdefault(d.to, []).append(d)
-        out += self._forget_gone_strays(now)
+        out += self.forget_gone_strays(now)  # copyasks.py
         out += self.replica_updates()
         out += self.copy_asks(now)
         out += self.doubt_tick(now, wall)  # doubt.py
@@ -133,20 +128,6 @@ class Failover:
         for dest, notices in sorted(owed.items()):
             for i in range(0, len(notices), NOTICES_PER_MESSAGE):
                 out.append(ev.SendNotices(dest, tuple(notices[i : i + NOTICES_PER_MESSAGE])))
-        return out
-
-    def _forget_gone_strays(self, now: float) -> list[ev.Instruction]:
-        """Nodes that may hold a stray copy (replicas.py `strays`) are sent its release
-        only while they are live in this view, and given up once gone for
-        STRAY_GIVE_UP: one back later asks (copyasks.py) when it sees us alive again."""
-        out: list[ev.Instruction] = []
-        # (one this view never named is taken as gone by _unheard, as for handoffs)
-        for tid, nodes in list(self.strays.items()):
-            gone = frozenset(
-                n for n in nodes if (self.succession.gone_for(n, now) or 0.0) >= STRAY_GIVE_UP
-            )
-            if gone:
-                out += self.forget_strays(tid, gone)
         return out
 
     def notices_undelivered(self, notices: tuple[Notice, ...]) -> None:
@@ -162,13 +143,20 @@ class Failover:
         answers: list[Notice] = []
         out: list[ev.Instruction] = []
         for n in notices:
+            old = self.succession.record(n.task_id)
             action = self.succession.on_notice(n)
             if action is NoticeAction.STALE:
                 mine = self.succession.notice_for(n.task_id, sender)
                 if mine is not None:
                     answers.append(mine)
             elif action in (NoticeAction.DROP, NoticeAction.FORWARD):
-                out += self._yield(n, wall)
+                d = self._counter(n, old)
+                if d is None:
+                    out += self._yield(n, wall)
+                else:  # we claim above it: our adoption's lost tie, or as its runner
+                    ours = d.from_home == self.node
+                    out += self._reclaim(d) if ours else self._adopt(d, now, wall)
+                    answers += filter(None, [self.succession.notice_for(n.task_id, sender)])
             copy = self.held.get(n.task_id)
             rec = self.succession.record(n.task_id)
             if copy is not None and rec is not None and rec.home != copy.home:
@@ -241,7 +229,7 @@ class Failover:
                 want[tid] = (c.home, c.epoch, c.runner, c.replicas)
         epoch_of, held = self.succession.epoch_of, self.held
         for tid, ge in self.handoffs.guest.entries.items():
-            e = epoch_of(tid, ge.home)
+            e = max(epoch_of(tid, ge.home), ge.epoch >> 32)
             copy = held.get(tid)
             if copy is not None and copy.home == ge.home and copy.epoch > e:
                 e = copy.epoch  # (_guest_epoch, inlined)
@@ -272,7 +260,7 @@ class Failover:
             w = (c.home, c.epoch, c.runner, c.replicas)
         ge = self.handoffs.guest.entries.get(tid)
         if ge is not None:
-            w = (ge.home, self._guest_epoch(tid, ge.home), me, ())
+            w = (ge.home, self._guest_epoch(tid, ge), me, ())
         copies = self.mine.get(tid)
         if copies is not None and tid not in self.adopted:
             w = (me, 1, None, copies)
@@ -281,11 +269,14 @@ class Failover:
             w = self._home_want(tid, he) or w
         return w
 
-    def _guest_epoch(self, tid: m.TaskId, home: m.NodeId) -> int:
-        """The claim a task we run for `home` is held at: its guest entry does not
-        know it; the succession core or our copy of it may (stop 53: held at 1 after
-        a restart, an old home's stale copy was taken over an adopter's)."""
-        e = self.succession.epoch_of(tid, home)
+    def _guest_epoch(self, tid: m.TaskId, ge: h.GuestEntry) -> int:
+        """The claim a task we run for its home is held at: the succession core or our
+        copy of it may know it (stop 53: held at 1 after a restart, an old home's
+        stale copy was taken over an adopter's); an adopter's handoff epochs carry it
+        (claim << 32, `_claim`): stop 54, a runner restarted after its adopter died
+        adopted at the adopter's own claim, and lost the tie to it."""
+        home = ge.home
+        e = max(self.succession.epoch_of(tid, home), ge.epoch >> 32)
         c = self.held.get(tid)
         return c.epoch if c is not None and c.home == home and c.epoch > e else e
 
@@ -315,6 +306,26 @@ class Failover:
             own = home == self.node or tid in self.handoffs.guest.entries
             self.succession.hold(tid, home, epoch, runner, copies, _version(rec, w) if own else 0)
 
+    def _counter(self, n: Notice, old: Record | None) -> Adopt | None:
+        """A claim naming no runner but its claimant, over a task that ended here (its
+        end not yet taken): claimed above (succession.py `counter`). A run still going
+        here yields, as before (one of two runs stops)."""
+        tid = n.task_id
+        t = self.records.get_cached(tid)
+        if old is None or t is None or not t.state.terminal or t.node != self.node:
+            return None
+        ours = old.home == self.node
+        if tid not in (self.adopted if ours else self.handoffs.guest.entries):
+            return None
+        return self.succession.counter(tid, old, n)
+
+    def _reclaim(self, d: Adopt) -> list[ev.Instruction]:
+        """Our adoption, claimed again above the tie it lost (`_counter`)."""
+        tid, frm = d.task_id, self.adopted[d.task_id][0]
+        self.adopted[tid] = (frm, d.epoch)
+        log = ev.log("warning", "failover.claimed_again", task=tid, epoch=d.epoch)
+        return [ev.Persist((ev.Put(ADOPT + tid, [frm, d.epoch]),), durable=True), log]
+
     def _adopt(self, d: Adopt, now: float, wall: float) -> list[ev.Instruction]:
         tid = d.task_id
         ge = self.handoffs.guest.adopt(tid)
@@ -338,7 +349,9 @@ class Failover:
                 self.ledger.remove(tid)
             out += [ev.Dequeue(tid), ev.LoadChanged()]
         copy = self.held.pop(tid, None)  # a copy we kept as well: not needed now
-        out += self._claim(d, t, ge.epoch, wall, drop_copy=copy is not None)
+        # handoff epochs above any the old home used, carrying the claim (_guest_epoch)
+        handoff_epoch = max(ge.epoch, d.epoch << 32)
+        out += self._claim(d, t, handoff_epoch, wall, drop_copy=copy is not None)
         if d.replicas and not t.state.terminal:
             # copies at the nodes the claim names (the known cluster's count: a runner's
             # record names none, its old home's replicas unknown here), so that the task

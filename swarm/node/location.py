@@ -343,7 +343,7 @@ class Location:
             if reply.ok:  # on our reports' clock: the first report after counts it
                 reply = attrs.evolve(reply, at=max(int(wall * 1000), self.version))
             if entry is not None:
-                if r.task_id not in self.ledger:
+                if r.task_id not in self.ledger and entry.report is None:  # (not ended here)
                     self.ledger.add(r.spec)
                 ops = self.handoffs.persist_ops([r.task_id], wall)  # journaled before "yes"
                 return reply, [ev.Persist(tuple(ops), durable=True)] if ops else []

@@ -395,3 +395,39 @@ def test_the_home_is_pending_while_an_entry_may_have_something_to_resend() -> No
     assert home.pending and list(home.busy())
     home.tick(11.0)  # sent; still owed until acknowledged
     assert home.pending
+
+
+def test_a_later_homes_offer_of_a_task_that_ended_here_is_answered_with_its_end() -> None:
+    """Stop 54: a run ended here, its end not taken (its home died); the adopter's
+    offer was taken as a new task and run a second time. Now it is taken with the end,
+    which goes to the adopter on its commit; a fenced end (a lapsed lease) is not an
+    end, and the offer is a new run."""
+    g = h.GuestSide("A")
+    g.on_offer("H", h.Offer("t1", 1, SPEC), 0.0, None)
+    g.on_commit(h.Commit("t1", 1), 0.1)
+    g.started("t1", 0.2)
+    g.finished(h.Report("t1", 1, "failed", exit_code=3, at=0.5), 0.5)
+    home = h.HomeSide("B")  # the adopter
+    home.adopt(attrs.evolve(SPEC, home="B"), 2 << 32, finished=False)
+    (send,) = home.offer(home.entries["t1"].spec, "A", 9.0)
+    later = send.request
+    assert isinstance(later, h.Offer) and later.epoch > 2 << 32
+    reply, entry = g.on_offer("B", later, 9.0, "full")  # no room needed: it ran
+    assert reply.ok and entry is not None and entry.phase is h.GuestPhase.FINISHED
+    assert not g.may_run("t1")
+    end = h.Report("t1", later.epoch, "failed", exit_code=3, at=0.5)
+    assert entry.report == end
+    assert g.tick(9.1) == []  # nothing before the commit: the adopter is still offering
+    (commit,) = [o for o in home.on_offer_reply(later, reply, 9.1) if isinstance(o, h.Send)]
+    assert isinstance(commit.request, h.Commit)
+    _, outs = g.on_commit(commit.request, 9.2)
+    assert outs == [h.Send("B", end)]  # no RunNow
+    reply2, outs2 = home.on_report("A", end)  # taken as its holder's final report
+    assert reply2.ok and outs2 == [h.Reported("t1", "A", end)]
+    # a fenced run's end is no end: the next offer is a new run
+    f = h.GuestSide("A")
+    f.on_offer("H", h.Offer("t1", 1, SPEC), 0.0, None)
+    f.on_commit(h.Commit("t1", 1), 0.1)
+    f.finished(h.Report("t1", 1, "fenced"), 0.5)
+    reply, entry = f.on_offer("B", later, 9.0, None)
+    assert reply.ok and entry is not None and entry.phase is h.GuestPhase.PENDING

@@ -8,7 +8,7 @@ import attrs
 
 from swarm import model as m
 from swarm.cluster import handoff as h
-from swarm.cluster.succession import Notice
+from swarm.cluster.succession import Notice, Record
 from swarm.node.recovery import ADOPT, GUEST, HOME
 from swarm.node.state import Settings
 
@@ -154,6 +154,71 @@ def test_a_copy_running_under_a_smaller_claim_is_stopped_when_the_larger_arrives
     assert answers == [] and b.stopped == ["t1"]
     assert b.state.records.active["t1"].spec.home == "Z"
     assert ADOPT + "t1" not in b.kv and HOME + "t1" not in b.kv
+
+
+def test_a_copy_holders_claim_over_a_run_that_ended_here_is_claimed_above() -> None:
+    """Stop 54 (the copies walks, seed 10823): B ran t1 for A, and it ended; A died
+    before taking the report. C, holding a copy, adopted it, naming no runner, before
+    B did (B had restarted, and dated A's death from then): B forgot the end, and C ran
+    the task again. Now B claims above C's claim, keeping the end, and answers with
+    its claim (C yields to it). A claim that names another runner is yielded to."""
+    _, b, _, _ = _held_at_b()
+    b.finish("t1", 3, now=2.0, wall=1002.0)
+    b.state.members_seen((("A", DEAD),), 3.0)
+    claim = Notice("B", "t1", "C", 2, None, ("B",))
+    answers, instrs = b.state.on_notices("C", (claim,), 4.0, 1004.0)
+    b.run(instrs)
+    assert [(n.to, n.home, n.epoch, n.runner) for n in answers] == [("C", "B", 3, "B")]
+    t = b.state.records.finished["t1"]
+    assert (t.state, t.spec.home) == (S.FAILED, "B") and b.stopped == []
+    assert b.kv[ADOPT + "t1"] == ["A", 3] and "t1" not in b.state.guest.entries
+    assert b.state.succession.record("t1").epoch == 3  # type: ignore[union-attr]
+    # another runner named: that run stands, ours is forgotten, as before
+    _, b2, _, _ = _held_at_b()
+    b2.finish("t1", 3, now=2.0, wall=1002.0)
+    claim = Notice("B", "t1", "C", 2, "D", ())
+    answers, instrs = b2.state.on_notices("C", (claim,), 4.0, 1004.0)
+    b2.run(instrs)
+    assert answers == [] and b2.state.records.get_cached("t1") is None
+
+
+def test_an_adoption_that_ended_here_claims_again_above_a_tie_it_lost() -> None:
+    """B adopted t1 as its runner, and it ended; Z, a copy holder, adopted it in the
+    same round (epoch 2, and Z > B): B claims again at 3 rather than forget the end.
+    Z's own answer, naming itself runner, is no tie: a counter is not countered."""
+    _, b, _, _ = _held_at_b()
+    b.state.members_seen((("A", DEAD),), 1.0)
+    _tick(b, 7.0)
+    b.finish("t1", 0, now=8.0, wall=1008.0)
+    answers, instrs = b.state.on_notices("Z", (Notice("B", "t1", "Z", 2, None, ()),), 9.0, 9.0)
+    b.run(instrs)
+    assert [(n.home, n.epoch, n.runner) for n in answers] == [("B", 3, "B")]
+    assert b.kv[ADOPT + "t1"] == ["A", 3] and "failover.claimed_again" in b.logs
+    assert b.state.records.finished["t1"].state is S.SUCCEEDED
+    answers, instrs = b.state.on_notices("Z", (Notice("B", "t1", "Z", 4, "Z", ()),), 9.5, 9.5)
+    b.run(instrs)
+    assert answers == [] and "failover.yielded" in b.logs
+
+
+def test_a_runner_knows_its_adopters_claim_from_the_handoff_epoch() -> None:
+    """Stop 54 (the copies walks, seed 7460): B runs a task for Z, which adopted it at
+    claim 2; B restarts and its view forgets the claim. When Z dies, B adopted at
+    claim 2 too, lost the tie to Z's own, and the task was lost to a later loss. An
+    adopter's handoff epochs carry its claim (claim << 32), a runner's adoption's too,
+    so B holds the record at 2 and adopts at 3."""
+    (b,) = _nodes("B")
+    spec = m.TaskSpec(id="t1", argv=("x",), home="Z")
+    for r in (h.Offer("t1", (2 << 32) + 1, spec), h.Commit("t1", (2 << 32) + 1)):
+        reply, instrs = b.state.on_request("Z", r, 0.0, 1000.0)
+        assert reply.ok
+        b.run(instrs)
+    b.state.members_seen((("Z", ALIVE), ("C", ALIVE)), 0.0)
+    _tick(b, 1.0)
+    assert b.state.succession.record("t1") == Record("Z", 2, "B", ())
+    b.state.members_seen((("Z", DEAD),), 2.0)
+    _tick(b, 2.0 + GRACE)
+    assert b.kv[ADOPT + "t1"] == ["Z", 3]
+    assert b.state.home.entries["t1"].epoch >= 3 << 32  # its own offers carry it on
 
 
 def test_members_never_heard_of_are_taken_as_gone_once_among_peers() -> None:

@@ -433,7 +433,7 @@ def test_a_stray_copy_is_released_when_its_node_is_back_and_given_up_after_an_ho
     """A node that may hold a stray copy is sent its release only while it is live in
     the home's view: one that died is asked again once back, and one gone for
     STRAY_GIVE_UP is given up."""
-    from swarm.node.failover import STRAY_GIVE_UP
+    from swarm.node.copyasks import STRAY_GIVE_UP
 
     h, b, c = _nodes("H", "B", "C")
     for n in (h, b, c):
@@ -468,7 +468,8 @@ def test_a_stray_copy_at_a_node_the_view_never_names_is_given_up() -> None:
     """After a restart the view may not list a node long gone: a stray there is not
     asked (nothing to ask); the view takes it as gone once among peers for
     UNHEARD_AFTER (as for handoffs), and it is given up an hour after that."""
-    from swarm.node.failover import STRAY_GIVE_UP, UNHEARD_AFTER
+    from swarm.node.copyasks import STRAY_GIVE_UP
+    from swarm.node.failover import UNHEARD_AFTER
 
     h, _b, _c = _nodes("H", "B", "C")
     h.state.members_seen((("H", ALIVE), ("B", ALIVE)), 10.0)

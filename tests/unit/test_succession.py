@@ -414,6 +414,30 @@ def test_an_adoption_read_back_with_too_few_copies_names_more_as_members_come() 
     assert a.known_size() == 2 and a.copies_wanted() == 0
 
 
+def test_a_counter_claim_only_over_a_claim_that_names_no_other_runner() -> None:
+    """Stop 54 (`counter`): the node whose run ended claims above an adoption that
+    names no runner but its claimant, as the runner of the record taken over, or
+    against a tie its own runner's adoption lost; never against a claim naming another
+    runner, nor one above its own epoch (so a counter is not countered in turn)."""
+    b = Succession("b", GRACE)
+    for n in ("h", "c"):
+        b.on_member(n, ALIVE, 0.0)
+    b.hold("t1", "h", 1, "b", ())
+    old = b.record("t1")
+    assert old is not None
+    assert b.counter("t1", old, Notice("b", "t1", "c", 2, "d", ())) is None  # d runs it
+    d = b.counter("t1", old, Notice("b", "t1", "c", 2, None, ("b",)))
+    assert d is not None and (d.from_home, d.epoch, d.as_runner) == ("h", 3, True)
+    assert b.record("t1") == Record("b", 3, "b", d.replicas) and b.is_authority("t1")
+    told = [n.to for n in b.step(1.0) if isinstance(n, Notice)]
+    assert told == ["c", "h"]
+    ours = b.record("t1")
+    assert ours is not None
+    assert b.counter("t1", ours, Notice("b", "t1", "z", 4, None, ())) is None  # no tie
+    d = b.counter("t1", ours, Notice("b", "t1", "z", 3, "z", ()))  # a tie, z's own run
+    assert d is not None and d.epoch == 4
+
+
 def test_a_claim_by_another_node_says_an_old_homes_word_is_out_of_date() -> None:
     r = Succession("r", GRACE)
     r.hold("t1", "h", 1, None, ("r",))
