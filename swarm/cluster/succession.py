@@ -233,6 +233,7 @@ class Succession:
         self._told: dict[TaskId, dict[NodeId, float]] = {}  # our adoptions: who knows
         self._doubt: dict[TaskId, float] = {}  # home tasks in doubt until
         self._copies: dict[TaskId, int] = {}  # our tasks: replicas wanted besides us
+        self._ended: set[TaskId] = set()  # our tasks that ended: no new replicas (ended)
         # the largest claim heard for tasks we hold no record of (insertion order:
         # the oldest goes first past MAX_SEEN), so that a smaller claim delayed behind
         # it is answered STALE rather than followed
@@ -308,8 +309,16 @@ class Succession:
         self._doubt.pop(task_id, None)
         self._seen.pop(task_id, None)
         self._copies.pop(task_id, None)
+        self._ended.discard(task_id)
         if rec is not None and rec.epoch > 1 and rec.home != self.me:
             self._remember(task_id, rec)
+
+    def ended(self, task_id: TaskId) -> None:
+        """Our task (an adoption: its record stays, for the notices) has ended: it
+        needs no new replicas. Before stop 54 an adoption that ended was named new
+        replicas at every tick (its copies released, its record then named none): a
+        durable write, copies and a notice to every member each second per task."""
+        self._ended.add(task_id)
 
     def epoch_of(self, task_id: TaskId, home: NodeId) -> int:
         """`home`'s claim on the task as held or heard here (1 if none known): what a
@@ -461,7 +470,8 @@ class Succession:
             short = [
                 t
                 for t, want in self._copies.items()
-                if (r := held.get(t)) is not None
+                if t not in self._ended
+                and (r := held.get(t)) is not None
                 and (
                     len(r.replicas) < (max(want, floor) if r.epoch > 1 else want)
                     or me in r.replicas
@@ -543,6 +553,8 @@ class Succession:
         rec = self._held.get(task_id)
         if rec is None or rec.home != self.me or self.in_doubt(task_id, now):
             return None
+        if task_id in self._ended:
+            return None
         want = self._copies[task_id]
         if rec.epoch > 1:
             want = max(want, self.copies_wanted())
@@ -573,6 +585,7 @@ class Succession:
             self._told.pop(task_id, None)
             self._doubt.pop(task_id, None)
             self._copies.pop(task_id, None)
+            self._ended.discard(task_id)
 
     def _remember(self, task_id: TaskId, rec: Record) -> None:
         self._seen.pop(task_id, None)

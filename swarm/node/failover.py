@@ -240,10 +240,13 @@ class Failover:
         # _home_want, inlined (a call per entry cost 1-3 ms a tick at 10,000, stop 47);
         # test_copies_stateful checks after every step that the two agree
         adopted, mine, done = self.adopted, self.mine, h.HomePhase.DONE
+        active = self.records.active
         for tid, he in self.handoffs.home.entries.items():
             if tid in adopted:
                 at = he.where if he.where not in ("", me) else me
                 want[tid] = (me, adopted[tid][1], at, mine.get(tid, ()))
+                if he.phase is done or tid not in active:
+                    self.succession.ended(tid)  # its record stays, for the notices
             elif he.phase is not done:
                 copies = mine.get(tid, ())
                 if copies or he.where not in ("", me):

@@ -200,6 +200,30 @@ def test_an_adoption_that_ended_here_claims_again_above_a_tie_it_lost() -> None:
     assert answers == [] and "failover.yielded" in b.logs
 
 
+def test_an_adoption_that_ended_names_no_new_replicas_at_every_tick() -> None:
+    """Stop 54: once an adopted task ended and its copy was released, its record
+    named none, fewer than wanted, so each tick named a new one (a journal write, a
+    copy and a notice to every member each second, for as long as the record stayed)."""
+    _, b, c, _ = _held_at_b()
+    b.state.members_seen((("A", DEAD),), 1.0)
+    _tick(b, 7.0)
+    b.finish("t1", 0, now=8.0, wall=1008.0)
+    for now in (9.0, 10.0, 11.0):
+        _tick(b, now)
+        while b.replica_out:  # the copy at C, then its release
+            i = b.replica_out.pop(0)
+            why, instrs = c.state.on_replica("B", i.msg)
+            c.run(instrs)
+            b.run(b.state.replica_acked(i.dest, i.msg))
+    assert "t1" not in b.state.mine and c.state.held["t1"].final is not None
+    rec = b.state.succession.record("t1")
+    b.notices_out.clear()
+    for now in range(12, 20):
+        _tick(b, float(now))
+    assert b.state.succession.record("t1") == rec and b.notices_out == []
+    assert b.replica_out == []
+
+
 def test_a_runner_knows_its_adopters_claim_from_the_handoff_epoch() -> None:
     """Stop 54 (the copies walks, seed 7460): B runs a task for Z, which adopted it at
     claim 2; B restarts and its view forgets the claim. When Z dies, B adopted at

@@ -418,7 +418,8 @@ def test_a_counter_claim_only_over_a_claim_that_names_no_other_runner() -> None:
     """Stop 54 (`counter`): the node whose run ended claims above an adoption that
     names no runner but its claimant, as the runner of the record taken over, or
     against a tie its own runner's adoption lost; never against a claim naming another
-    runner, nor one above its own epoch (so a counter is not countered in turn)."""
+    runner, nor one above its own epoch (so a counter is not countered in turn); an
+    adoption that ended names no new replicas."""
     b = Succession("b", GRACE)
     for n in ("h", "c"):
         b.on_member(n, ALIVE, 0.0)
@@ -436,6 +437,9 @@ def test_a_counter_claim_only_over_a_claim_that_names_no_other_runner() -> None:
     assert b.counter("t1", ours, Notice("b", "t1", "z", 4, None, ())) is None  # no tie
     d = b.counter("t1", ours, Notice("b", "t1", "z", 3, "z", ()))  # a tie, z's own run
     assert d is not None and d.epoch == 4
+    b.hold("t1", "b", 4, "b", ())  # its copies released: none named now
+    b.ended("t1")
+    assert [x for x in b.step(2.0) if isinstance(x, Rereplicate)] == []
 
 
 def test_a_claim_by_another_node_says_an_old_homes_word_is_out_of_date() -> None:
