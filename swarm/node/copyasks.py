@@ -57,6 +57,7 @@ class CopyAsks:
     # copies to ask their home about -> tries left; homes back since the last tick
     copies_to_ask: dict[m.TaskId, int]
     homes_back: set[m.NodeId]
+    topup_due: bool  # topup.py
     # copies not known to have ended -> when a sweep first saw them, or last asked
     copies_seen_at: dict[m.TaskId, float]
     recheck_at: float  # the next sweep (our now)
@@ -91,6 +92,7 @@ class CopyAsks:
             prior = self.succession.member_state(node)
             if prior is None or prior in GONE:
                 self.homes_back.add(node)
+                self.topup_due = True  # topup.py: our tasks short of copies get them
 
     def copy_asks(self, now: float) -> list[ev.Instruction]:
         """The asks owed this tick, to homes live in this view."""

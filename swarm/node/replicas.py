@@ -88,6 +88,8 @@ class Replicas:
     mine: dict[m.TaskId, tuple[m.NodeId, ...]]  # our tasks -> the nodes holding copies
     sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]]  # acknowledged
     copies_owed: set[m.TaskId]  # tasks sent a message at the last tick, or chosen since
+    copying: set[m.TaskId]  # submissions whose copies are being asked for (topup.py)
+    topup_due: bool  # topup.py
     copies_ticks: int  # failover ticks so far (every COPIES_SWEEP_EVERY looks at all)
     # our tasks -> nodes asked for a copy that gave no answer, so may hold one (a lost
     # answer, not a lost request): each is sent the release once the task ended
@@ -107,6 +109,7 @@ class Replicas:
             self, sender: m.NodeId, msg: ReplicaMsg
         ) -> tuple[str | None, list[ev.Instruction]]: ...
         def ask_answered(self, msg: ReplicaMsg) -> list[ev.Instruction]: ...
+        def copies_topup(self) -> list[ev.Instruction]: ...  # topup.py
 
     # ------------------------------------------------------------ home side
 
@@ -128,8 +131,12 @@ class Replicas:
         be asked for copies (`repls:`), so that the answer need not wait for a second
         write once they hold them. Naming a node that then holds none is harmless: a
         home that restarts sends every replica it names the whole copy, since none is
-        known to hold one (`sent` starts empty)."""
-        return ev.Put(REPLICAS + task_id, list(nodes)) if nodes else None
+        known to hold one (`sent` starts empty). Until `replicas_chosen`, the task's
+        copies are being made (`copying`: topup.py leaves it alone)."""
+        if not nodes:
+            return None
+        self.copying.add(task_id)
+        return ev.Put(REPLICAS + task_id, list(nodes))
 
     def replicas_chosen(
         self,
@@ -152,6 +159,9 @@ class Replicas:
         the home was slow, and one its holder would adopt, and run again, if the home
         were lost): each gets the task's release, with how it ended (`strays`)."""
         out: list[ev.Instruction] = []
+        self.copying.discard(task_id)
+        if len(nodes) < len(told or planned):
+            self.topup_due = True  # accepted short: topup.py asks again at the next tick
         old = self.strays.get(task_id, frozenset())
         strays = (old | frozenset(unanswered)) - frozenset(nodes)
         if strays != old:
@@ -224,7 +234,9 @@ class Replicas:
         return self.copies_owed | touched | self.strays.keys()
 
     def replica_updates(self) -> list[ev.Instruction]:
-        """Messages owed to our tasks' replicas (retried each tick until answered)."""
+        """Messages owed to our tasks' replicas (retried each tick until answered);
+        first, new replicas for our tasks short of copies once a member is back."""
+        topped = self.copies_topup()
         look = self.copies_to_look_at()
         self.copies_ticks += 1
         self.records.touched.clear()
@@ -236,7 +248,7 @@ class Replicas:
                 owed.add(tid)
                 out += msgs
         self.copies_owed = owed
-        return out
+        return topped + out
 
     def _stray_releases(self, tid: m.TaskId) -> list[ev.Instruction]:
         """Once the task ended (or is no longer ours), a release with how it ended to

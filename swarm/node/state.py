@@ -54,6 +54,7 @@ from .replicas import Held, Replicas
 from .runqueue import RunQueue
 from .shares import ShareChanges
 from .timers import Timers
+from .topup import CopiesTopUp
 
 S = m.TaskState
 
@@ -99,6 +100,7 @@ class NodeState(
     Depends,
     Replicas,
     CopyAsks,
+    CopiesTopUp,
     RestartDoubt,
     LoadState,
     Placing,
@@ -134,11 +136,13 @@ class NodeState(
         self.sent: dict[tuple[m.TaskId, m.NodeId], tuple[str, m.NodeId | None]] = {}
         self.strays: dict[m.TaskId, frozenset[m.NodeId]] = {}  # replicas.py
         self.copies_owed: set[m.TaskId] = set()  # replicas.py: to look at next tick
+        self.copying: set[m.TaskId] = set()  # replicas.py: a submission's copies asked
         self.copies_ticks = 0  # replicas.py: failover ticks, for the periodic sweep
         self.ended_unheld: dict[m.TaskId, float] = {}  # replicas.py
         self.held: dict[m.TaskId, Held] = {}
         self.copies_to_ask: dict[m.TaskId, int] = {}  # copyasks.py
         self.homes_back: set[m.NodeId] = set()  # copyasks.py
+        self.topup_due = True  # topup.py: a restart looks once a member is alive
         self.copies_seen_at: dict[m.TaskId, float] = {}  # copyasks.py
         self.recheck_at = 0.0  # copyasks.py: the next look for copies long unheard of
         self.alive_written = 0.0  # doubt.py: the last heartbeat (wall)

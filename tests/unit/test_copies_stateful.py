@@ -87,6 +87,7 @@ SEEN = (
     "ops_lost",
     "revived",
     "lost_again",
+    "accepted_short",
 )
 GRACE = 5.0
 LOSS_APART = 3 * GRACE  # seconds from a lost node's return to the next loss
@@ -107,6 +108,7 @@ class Copies(RuleBasedStateMachine):
         self.plans: dict[m.TaskId, tuple[str, ...]] = {}  # who is to be asked, in order
         self.home_of: dict[m.TaskId, str] = {}
         self.acked: set[m.TaskId] = set()  # answered: a copy holds it
+        self.short: set[m.TaskId] = set()  # answered with no copy, until the next tick
         self.ops = itertools.count()
         self.seen = dict.fromkeys(SEEN, 0)
         self.starts: dict[m.TaskId, int] = {}  # runs started, per task
@@ -134,16 +136,19 @@ class Copies(RuleBasedStateMachine):
         node.run([ev.Persist((node.state.replicas_planned(spec.id, order[:1]),), durable=True)])
 
     @precondition(lambda self: bool(self.uncopied) and not self.net.dead)
-    @rule(data=st.data(), lost=st.booleans())
-    def copy(self, data: st.DataObject, lost: bool) -> None:
+    @rule(data=st.data(), lost=st.booleans(), both=st.booleans())
+    def copy(self, data: st.DataObject, lost: bool, both: bool) -> None:
         """The copy's hold, answered (the submission's answer goes back then)."""
         tid = data.draw(st.sampled_from(sorted(self.uncopied)))
-        self.copy_one(tid, lost)
+        self.copy_one(tid, lost, both)
 
-    def copy_one(self, tid: m.TaskId, lost: bool = False) -> None:
+    def copy_one(self, tid: m.TaskId, lost: bool = False, both: bool = False) -> None:
         """As runtime/failoverio.py's `replicate`: the first node of the plan asked;
         `lost`: it journals the copy but its answer is lost, so the next in order
-        stands in (journaled as a stray first), and the first is a stray."""
+        stands in (journaled as a stray first), and the first is a stray; `both`: the
+        stand-in's answer is lost too, and the task is accepted with no copy
+        (`replica.short`): the next failover tick asks again (topup.py), and until
+        then it may be held by its home alone (`short`)."""
         spec = self.uncopied.pop(tid)
         home = self.nodes[spec.home]
         order = self.plans.pop(tid)
@@ -163,6 +168,12 @@ class Copies(RuleBasedStateMachine):
         why, instrs = stand_in.state.on_replica(home.name, msg)
         assert why is None, why
         stand_in.run(instrs)
+        if both:
+            self.seen["accepted_short"] += 1
+            self.short.add(tid)
+            home.run(home.state.replicas_chosen(tid, (), msg.replicas, msg.replicas, order))
+            self.acked.add(tid)
+            return
         chosen = home.state.replicas_chosen(
             tid, (stand_in.name,), msg.replicas, msg.replicas, (first.name,)
         )
@@ -278,6 +289,7 @@ class Copies(RuleBasedStateMachine):
                         back = dest.name, tuple(answers), self.now, wall
                         node.run(node.state.on_notices(*back)[1])
             node.notices_out.clear()
+        self.short.clear()  # each asked again at this tick (topup.py), and held
 
     @rule(name=st.sampled_from(NAMES))
     def hears_anew(self, name: str) -> None:
@@ -445,7 +457,8 @@ class Copies(RuleBasedStateMachine):
             if self.ended(tid):
                 continue
             held = self.holders(tid)
-            assert len(held) >= need, (tid, held, sorted(self.net.dead), self.seen)
+            want = 1 if tid in self.short else need
+            assert len(held) >= want, (tid, held, sorted(self.net.dead), self.seen)
 
     def teardown(self) -> None:
         self.quiesce()
@@ -512,7 +525,9 @@ def _step(mch: Copies, rng: random.Random) -> None:
         lambda: (
             mch.uncopied
             and not mch.net.dead
-            and mch.copy_one(rng.choice(sorted(mch.uncopied)), rng.random() < 0.3)
+            and mch.copy_one(
+                rng.choice(sorted(mch.uncopied)), rng.random() < 0.3, rng.random() < 0.3
+            )
         ),
         lambda: _offer(mch, rng, live),
         lambda: mch.deliver(n, rng.random() < 0.2),

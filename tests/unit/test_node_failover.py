@@ -213,6 +213,7 @@ def test_an_adoption_that_ended_names_no_new_replicas_at_every_tick() -> None:
         while b.replica_out:  # the copy at C, then its release
             i = b.replica_out.pop(0)
             why, instrs = c.state.on_replica("B", i.msg)
+            assert why is None, why
             c.run(instrs)
             b.run(b.state.replica_acked(i.dest, i.msg))
     assert "t1" not in b.state.mine and c.state.held["t1"].final is not None

@@ -627,3 +627,69 @@ def test_a_late_copy_of_a_task_this_node_adopted_is_not_kept() -> None:
     assert "t1" not in rep.state.held
     why, instrs = rep.state.on_replica("H", h.state.hold_msg(spec, (rep.name,)))
     assert why is None and instrs == [] and "t1" not in rep.state.held
+
+
+def test_a_task_short_of_copies_gets_them_once_a_member_is_back() -> None:
+    """Stop 54 (topup.py): a task submitted while every peer was down, or on two nodes
+    before a third joined, got no copy and none later: it died with its home's disk.
+    Now a member coming into view alive makes the home name replicas for its own
+    plain tasks short of them, and the copy goes at that tick; not for an array or a
+    dependent task (never copied), nor one whose own copies are being asked for."""
+    h, b, c = _nodes("H", "B", "C")
+    nodes = {"H": h, "B": b, "C": c}
+    h.state.members_seen((("H", ALIVE), ("B", ALIVE)), 0.0)  # two nodes: no copy
+    for spec in (
+        m.TaskSpec(id="t1", argv=("x",)),
+        m.TaskSpec(id="a1", argv=("x",), array="0-3"),
+        m.TaskSpec(id="d1", argv=("x",), after=("ok:t1",)),
+        m.TaskSpec(id="t2", argv=("x",)),
+    ):
+        h.submit(spec)
+    assert h.state.choose_replicas("t1", ["H", "B"])[0] == 0
+    _tick(h, 1.0)
+    assert h.replica_out == [] and "t1" not in h.state.mine
+    # C joins: three nodes, one copy wanted; t2's own copies are being asked for
+    assert h.state.replicas_planned("t2", ("C",)) is not None
+    h.state.members_seen((("C", ALIVE),), 2.0)
+    _tick(h, 3.0)
+    (r,) = h.state.mine["t1"]
+    assert h.kv[REPLICAS + "t1"] == [r] and "replica.topped_up" in h.logs
+    assert {i.msg.task_id for i in h.replica_out} == {"t1"}
+    assert _deliver(h, nodes) == 1 and REPLICA + "t1" in nodes[r].kv
+    assert nodes[r].state.held["t1"].spec.home == "H"
+    _tick(h, 4.0)
+    assert h.replica_out == []  # looked at once per member back
+    # every peer down at the submission, then one back
+    h2, b2 = _nodes("H", "B")
+    h2.state.members_seen((("H", ALIVE), ("B", DEAD), ("C", DEAD)), 0.0)
+    h2.submit(m.TaskSpec(id="t3", argv=("x",)))
+    assert h2.state.choose_replicas("t3", ["H"]) == (0, ())
+    _tick(h2, 1.0)
+    assert h2.replica_out == []
+    h2.state.members_seen((("B", ALIVE),), 2.0)
+    _tick(h2, 3.0)
+    assert h2.state.mine["t3"] == ("B",)
+    assert _deliver(h2, {"B": b2}) == 1 and "t3" in b2.state.held
+
+
+def test_a_submission_accepted_short_of_copies_is_copied_at_the_next_tick() -> None:
+    """Its peers live in the view, but neither the first asked nor the stand-in
+    answered in time: accepted with no copy (`replica.short`), it was left so for
+    good. The next tick asks again (topup.py); a node that did not answer is a
+    replica now, no longer a stray."""
+    h, b, c, _ = _cluster()
+    nodes = {"H": h, "B": b, "C": c}
+    _tick(h, 0.5)  # the start's look: nothing short
+    spec = h.submit(m.TaskSpec(id="t1", argv=("x",)))
+    k, order = h.state.choose_replicas("t1", ["H", "B", "C"])
+    planned = h.state.replicas_planned("t1", order[:k])
+    assert planned is not None
+    h.run([ev.Persist((planned,), durable=True)])
+    h.run(h.state.stand_in_asked("t1", frozenset(order)))
+    msg = h.state.hold_msg(spec, order[:k])
+    h.run(h.state.replicas_chosen("t1", (), msg.replicas, msg.replicas, order))
+    assert "t1" not in h.state.mine and h.state.strays["t1"] == frozenset(order)
+    _tick(h, 1.0)
+    assert h.state.mine["t1"] == order[:1] and h.kv[REPLICAS + "t1"] == list(order[:1])
+    assert h.state.strays["t1"] == frozenset(order[1:])
+    assert _deliver(h, nodes) >= 1 and "t1" in nodes[order[0]].state.held
