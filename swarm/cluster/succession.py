@@ -521,16 +521,18 @@ class Succession:
         may have queued or started it since), of a task that ended here (`old`: our
         record before the notice; the caller knows of the end), so that the end stays
         instead of the claimant running the task again. Only as the runner of the
-        record it takes over, or against a tie our own runner's adoption lost on node
-        ids: a counter is never countered in turn (it names its runner). Stop 54: a
+        record it takes over, or against a tie our own adoption lost on node ids (the
+        task ended here or at its runner): a counter is never countered in turn (it
+        names its claimant as runner, and is above the claim it answers). Stop 54: a
         runner restarted just after its home died dated the death from its restart,
         adopted in the same tick as a copy holder, lost the tie, forgot the end of its
         run, and the holder ran the task again."""
-        if claim.runner not in (None, claim.home) or old.runner != self.me:
+        if claim.runner not in (None, claim.home) or claim.epoch >= MAX_EPOCH:
             return None
-        if claim.epoch >= MAX_EPOCH:
-            return None
-        if old.home == self.me and claim.epoch != old.epoch:
+        if old.home == self.me:
+            if claim.epoch != old.epoch:
+                return None  # not a tie: ours was not the adoption it outranks
+        elif old.runner != self.me:
             return None
         why = f"{claim.home} claimed it at epoch {claim.epoch} naming no runner; it ended here"
         return self._take(task_id, old, claim.epoch + 1, True, why)

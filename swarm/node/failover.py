@@ -315,7 +315,7 @@ class Failover:
         here yields, as before (one of two runs stops)."""
         tid = n.task_id
         t = self.records.get_cached(tid)
-        if old is None or t is None or not t.state.terminal or t.node != self.node:
+        if old is None or t is None or not t.state.terminal:
             return None
         ours = old.home == self.node
         if tid not in (self.adopted if ours else self.handoffs.guest.entries):

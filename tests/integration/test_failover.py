@@ -16,7 +16,7 @@ from typing import Any
 from swarm.client import RequestFailed
 from swarm.localcluster import LocalAgent
 from tests.conftest import AgentFactory
-from tests.integration.test_cluster import all_see, wait_for
+from tests.integration.test_cluster import all_see, nodes_of, wait_for
 
 LOOP = ["--bind", "127.0.0.1"]
 GRACE = 2.0
@@ -254,6 +254,70 @@ def test_a_restarted_holder_asks_the_home_about_its_copies_and_keeps_them(
         wait_for(lambda: asks(a, "copy_asks") >= asked + before, 30, "the home to be asked")
         assert held(holder) == before  # kept: the home keeps it current
         assert all(status(a, t)["task"]["state"] in ("queued", "running") for t in ids)
+    finally:
+        subprocess.run(["pkill", "-9", "-f", marker], check=False)
+    assert "Traceback" not in a.log_text() + b.log_text() + c.log_text()
+
+
+def test_a_task_accepted_without_a_copy_gets_one_once_a_peer_is_back(
+    make_agent: AgentFactory, short_tmp: Path
+) -> None:
+    """node/topup.py on real agents: both peers of the home A are down, so a
+    submission is accepted with no copy (before stop 54 it kept none for good, and
+    died with A's disk). The peers come back: A makes the copies at its next failover
+    tick; A is then lost for good, and the copy's holder runs the queued task, once."""
+    out = short_tmp / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    a, b, c = home_and_two_drained(make_agent, "u", seed_at_home=True)
+    for x in (b, c):
+        x.kill(signal.SIGKILL)
+
+    def a_sees(state: str) -> bool:
+        view = {n["node"]: n["state"] for n in nodes_of(a)}
+        return all(view.get(n) == state for n in ("ub", "uc"))
+
+    wait_for(lambda: a_sees("dead"), 30, "A to see both peers dead")
+    marker = f"sleep {800 + (hash(str(short_tmp)) % 97)}"
+    try:
+        with a.client() as cl:
+            r = cl.call("submit", argv=marker.split(), cwd="/", name="blocker")
+            assert r["replicas"] == 0, r
+            script = f'echo "$SWARM_NODE" >> "{out}/$SWARM_TASK_ID"'
+            r = cl.call("submit", argv=["sh", "-c", script], cwd="/", name="queued")
+            assert r["replicas"] == 0, r
+            tid = r["id"]
+            assert cl.info()["copies"]["ours"] == 0
+        for x in (b, c):
+            x.start()
+        wait_for(lambda: all_see([a, b, c], {"ua", "ub", "uc"}), 30, "the peers back")
+
+        def copies() -> tuple[int, int]:
+            with a.client() as cl:
+                ours = int(cl.info()["copies"]["ours"])
+            held = 0
+            for x in (b, c):
+                with x.client() as cl:
+                    held += int(cl.info()["copies"]["held"])
+            return ours, held
+
+        wait_for(lambda: copies() == (2, 2), 30, "A to copy both tasks at a peer")
+        assert "replica.topped_up" in a.log_text()
+        a.kill(signal.SIGKILL)  # lost for good, with the blocker it ran
+        subprocess.run(["pkill", "-9", "-f", marker], check=False)
+        for x in (b, c):
+            with x.client() as cl:
+                cl.call("shares", undrain=True, shares=1024)
+
+        def done() -> bool:
+            try:
+                return status(b, tid)["task"]["state"] == "succeeded"
+            except RequestFailed as e:
+                assert e.code == "not_found", e  # a peer slow to answer, for a moment
+                return False
+
+        wait_for(done, 60, "the copy's holder to run the queued task")
+        assert len(runs(out, tid)) == 1, runs(out, tid)
     finally:
         subprocess.run(["pkill", "-9", "-f", marker], check=False)
     assert "Traceback" not in a.log_text() + b.log_text() + c.log_text()

@@ -437,6 +437,10 @@ def test_a_counter_claim_only_over_a_claim_that_names_no_other_runner() -> None:
     assert b.counter("t1", ours, Notice("b", "t1", "z", 4, None, ())) is None  # no tie
     d = b.counter("t1", ours, Notice("b", "t1", "z", 3, "z", ()))  # a tie, z's own run
     assert d is not None and d.epoch == 4
+    h = Succession("h", GRACE)  # an adopter whose task ended at its runner r
+    h.hold("t2", "h", 2, "r", ())
+    ours = h.record("t2")
+    assert ours is not None and h.counter("t2", ours, Notice("h", "t2", "z", 2, None, ()))
     b.hold("t1", "b", 4, "b", ())  # its copies released: none named now
     b.ended("t1")
     assert [x for x in b.step(2.0) if isinstance(x, Rereplicate)] == []
