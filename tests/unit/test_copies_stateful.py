@@ -44,13 +44,16 @@ yet told, a copy held at claim 1 whatever its sender's, records frozen at versio
 under a re-replicated one's version 1, a restart in a doubt not in doubt, and a task
 moved back home during the doubt run at once (node/replicas.py, failover.py, doubt.py).
 
-Longer walks (stop 54) found a runner restarted just after its home died adopt late
-(its view dated the death from its restart), in the same tick as a copy holder, and
-lose the tie: it forgot the end of its run, and the holder's offer ran the task again
-(the node whose run ended now claims above such a claim, and an offer of a task
-whose run ended there is answered with the end); and a runner restarted after its
-adopter died adopt at the adopter's own claim, lose the tie, and hold a home role
-its records did not show (an adopter's handoff epochs now carry its claim).
+Submissions while a node is down (their copy asked of the one live peer, or accepted
+with none when neither asked answers: topped up at the next tick, topup.py) are
+walked since stop 54. Longer walks (stop 54) found a runner restarted just after its
+home died adopt late (its view dated the death from its restart), in the same tick
+as a copy holder, and lose the tie: it forgot the end of its run, and the holder's
+offer ran the task again (the node whose run ended now claims above such a claim,
+and an offer of a task whose run ended there is answered with the end); and a runner
+restarted after its adopter died adopt at the adopter's own claim, lose the tie, and
+hold a home role its records did not show (an adopter's handoff epochs now carry its
+claim).
 
 The first found the hole closed at stop 45: a copy asked of the node the task had
 just been handed to was not kept there, so once the task moved back home only its
@@ -88,6 +91,7 @@ SEEN = (
     "revived",
     "lost_again",
     "accepted_short",
+    "submitted_while_down",
 )
 GRACE = 5.0
 LOSS_APART = 3 * GRACE  # seconds from a lost node's return to the next loss
@@ -121,26 +125,36 @@ class Copies(RuleBasedStateMachine):
 
     # ------------------------------------------------------------- rules
 
-    @precondition(lambda self: not self.net.dead)
     @rule(home=st.sampled_from(NAMES))
     def submit(self, home: str) -> None:
+        """A submission at a live node, a node down or not (stop 54: before, only
+        while every node lived): its copy is asked of the live others."""
+        if home in self.net.dead:
+            return
         node = self.nodes[home]
         spec = node.submit(m.TaskSpec(id=f"t{next(self.ids)}", argv=("x",)))
         self.uncopied[spec.id] = spec
         self.home_of[spec.id] = home
+        self.seen["submitted_while_down"] += bool(self.net.dead)
         # the plan is journaled with the record (runtime/failoverio.py plan_copies)
-        k, order = node.state.choose_replicas(spec.id, list(NAMES))
-        assert k == 1 and len(order) == 2
+        live = [n for n in NAMES if n not in self.net.dead]
+        k, order = node.state.choose_replicas(spec.id, live)
+        assert k == 1 and len(order) == len(live) - 1, (k, order)
         self.plans[spec.id] = order
         # ... durably, in one commit (the answer waits for it)
         node.run([ev.Persist((node.state.replicas_planned(spec.id, order[:1]),), durable=True)])
 
-    @precondition(lambda self: bool(self.uncopied) and not self.net.dead)
+    @precondition(lambda self: bool(self.copyable()))
     @rule(data=st.data(), lost=st.booleans(), both=st.booleans())
     def copy(self, data: st.DataObject, lost: bool, both: bool) -> None:
         """The copy's hold, answered (the submission's answer goes back then)."""
-        tid = data.draw(st.sampled_from(sorted(self.uncopied)))
+        tid = data.draw(st.sampled_from(self.copyable()))
         self.copy_one(tid, lost, both)
+
+    def copyable(self) -> list[m.TaskId]:
+        """Submissions waiting for their copy whose home lives (one lost with its
+        home was never answered)."""
+        return sorted(t for t, s in self.uncopied.items() if s.home not in self.net.dead)
 
     def copy_one(self, tid: m.TaskId, lost: bool = False, both: bool = False) -> None:
         """As runtime/failoverio.py's `replicate`: the first node of the plan asked;
@@ -152,22 +166,29 @@ class Copies(RuleBasedStateMachine):
         spec = self.uncopied.pop(tid)
         home = self.nodes[spec.home]
         order = self.plans.pop(tid)
-        first, stand_in = self.nodes[order[0]], self.nodes[order[1]]
+        first = self.nodes[order[0]]
         msg = home.state.hold_msg(spec, (first.name,))
         if first.state.guest.entries.get(tid) is not None:
             self.seen["copied_after_handoff"] += 1
-        why, instrs = first.state.on_replica(home.name, msg)
-        assert why is None, why
-        first.run(instrs)
+        if first.name in self.net.dead:  # lost since the plan: no answer
+            lost = True
+        else:
+            why, instrs = first.state.on_replica(home.name, msg)
+            assert why is None, why
+            first.run(instrs)
+        if len(order) < 2 or order[1] in self.net.dead:
+            both = both or lost  # nobody to stand in (a node down at the submission)
         if not lost:
             home.run(home.state.replicas_chosen(tid, (first.name,), msg.replicas, msg.replicas))
             self.acked.add(tid)
             return
-        self.seen["stand_in"] += 1
-        home.run(home.state.stand_in_asked(tid, frozenset(order)))
-        why, instrs = stand_in.state.on_replica(home.name, msg)
-        assert why is None, why
-        stand_in.run(instrs)
+        if len(order) > 1 and order[1] not in self.net.dead:
+            self.seen["stand_in"] += 1
+            stand_in = self.nodes[order[1]]
+            home.run(home.state.stand_in_asked(tid, frozenset(order)))
+            why, instrs = stand_in.state.on_replica(home.name, msg)
+            assert why is None, why
+            stand_in.run(instrs)
         if both:
             self.seen["accepted_short"] += 1
             self.short.add(tid)
@@ -521,13 +542,10 @@ def _step(mch: Copies, rng: random.Random) -> None:
     n = rng.choice(NAMES)
     live = mch._live()
     actions: list[Any] = [
-        lambda: not mch.net.dead and mch.submit(n),
+        lambda: mch.submit(n),
         lambda: (
-            mch.uncopied
-            and not mch.net.dead
-            and mch.copy_one(
-                rng.choice(sorted(mch.uncopied)), rng.random() < 0.3, rng.random() < 0.3
-            )
+            bool(ok := mch.copyable())
+            and mch.copy_one(rng.choice(ok), rng.random() < 0.3, rng.random() < 0.3)
         ),
         lambda: _offer(mch, rng, live),
         lambda: mch.deliver(n, rng.random() < 0.2),
