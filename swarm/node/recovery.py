@@ -55,6 +55,9 @@ class Handoffs:
         self.home = h.HomeSide(node)
         self.guest = h.GuestSide(node)
         self.tomb_at: dict[m.TaskId, float] = {}
+        # the epoch each tombstone key holds: not rewritten unchanged (stop 54: each
+        # revoke resent to a node down rewrote its task's tombstone, durably)
+        self.tomb_written: dict[m.TaskId, int] = {}
         self.guest_keys: set[m.TaskId] = set()
 
     def persist_ops(self, task_ids: Iterable[m.TaskId], wall: float) -> list[ev.Put | ev.Delete]:
@@ -76,9 +79,11 @@ class Handoffs:
                 if tid in self.guest_keys:
                     ops.append(ev.Delete(GUEST + tid))
                     self.guest_keys.discard(tid)
-                if tid in self.guest.tombstones:
+                epoch = self.guest.tombstones.get(tid)
+                if epoch is not None and self.tomb_written.get(tid) != epoch:
                     self.tomb_at.setdefault(tid, wall)
-                    ops.append(ev.Put(TOMB + tid, [self.guest.tombstones[tid], self.tomb_at[tid]]))
+                    self.tomb_written[tid] = epoch
+                    ops.append(ev.Put(TOMB + tid, [epoch, self.tomb_at[tid]]))
         return ops
 
     def expire_tombstones(self, wall: float) -> list[ev.Put | ev.Delete]:
@@ -86,6 +91,7 @@ class Handoffs:
         ops: list[ev.Put | ev.Delete] = []
         for tid in [t for t, at in self.tomb_at.items() if at < cutoff]:
             self.tomb_at.pop(tid, None)
+            self.tomb_written.pop(tid, None)
             self.guest.tombstones.pop(tid, None)
             ops.append(ev.Delete(TOMB + tid))
         return ops
@@ -115,6 +121,7 @@ def restore(
                 if wall - at < TOMB_TTL:
                     handoffs.guest.tombstones[key[len(TOMB) :]] = epoch
                     handoffs.tomb_at[key[len(TOMB) :]] = at
+                    handoffs.tomb_written[key[len(TOMB) :]] = epoch
             elif key == GLOBALS_KEY:
                 globals_ = sh.GlobalTasks.from_wire(value)
             elif key.startswith(GPU):

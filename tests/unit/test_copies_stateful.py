@@ -485,6 +485,28 @@ class Copies(RuleBasedStateMachine):
         self.quiesce()
         self.acknowledged_tasks_survive_one_loss()
         self.copies_learn_the_end()
+        self.quiet_once_settled()
+
+    def quiet_once_settled(self) -> None:
+        """Once everything is delivered, a failover tick writes and sends nothing but
+        the heartbeat and what waits for a node that is down (stop 54: an adoption that
+        ended named a new replica at every tick, a durable write, a copy and a notice
+        to every member each second)."""
+        for _ in range(2):
+            self.tick(3.0)
+            self.settle()
+        self.now += 3.0
+        for node in self._live():
+            node.state.failover_at = 0.0
+            out = node.state.tick(self.now, 1000.0 + self.now)
+            for i in out:
+                if isinstance(i, ev.Persist):
+                    assert all(getattr(o, "key", "") == "alive_at" for o in i.ops), (node.name, i)
+                elif isinstance(i, (ev.SendReplica, ev.SendNotices)):
+                    assert i.dest in self.net.dead, (node.name, i)
+                elif isinstance(i, ev.SendHandoff):
+                    assert i.send.dest in self.net.dead, (node.name, i)
+            node.run(out)
 
     def quiesce(self) -> None:
         """Deliver everything, and let failover ticks pass, until nothing is owed."""

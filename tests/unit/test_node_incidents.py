@@ -199,6 +199,28 @@ def test_tombstones_expire_by_wall_time_and_their_keys_go() -> None:
     assert "tomb:k2" not in b.kv and "k2" not in b.state.guest.tombstones
 
 
+def test_an_unchanged_tombstone_is_not_written_again() -> None:
+    """Stop 54: each time a task's handoff keys were written again (a revoke resent
+    to a node that is down, every backoff), its tombstone was rewritten, durably, as
+    it was; once written, and read back after a restart, it is not."""
+    a, b = FakeNode("A"), FakeNode("B")
+    net = FakeNet(a, b)
+    a.submit(_spec("k2"))
+    _offer(net, a, "k2", "B")
+    net.settle()
+    b.try_start("k2")
+    b.finish("k2", wall=100.0)
+    net.settle(now=1.0, wall=100.0)
+    assert "tomb:k2" in b.kv and "k2" not in b.state.guest.entries
+    assert b.state.handoffs.persist_ops(["k2"], 200.0) == []
+    fresh = NodeState("B", ledger=sh.ShareLedger())
+    recovery.restore(b.kv, 200.0, fresh.handoffs, {}, fresh.gpus)
+    assert fresh.handoffs.persist_ops(["k2"], 201.0) == []
+    fresh.guest.tombstones["k2"] += 1  # a later epoch dropped: written
+    (put,) = fresh.handoffs.persist_ops(["k2"], 202.0)
+    assert put == ev.Put("tomb:k2", [fresh.guest.tombstones["k2"], 100.0])
+
+
 def test_83733a0_a_stop_for_a_dispatched_task_is_a_stop_not_a_dequeue() -> None:
     """A cancel (or a revoke that kills) arriving after the gate let a task through,
     before its process existed, must become a stop of the run: it found no process and
