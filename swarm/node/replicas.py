@@ -138,6 +138,11 @@ class Replicas:
         self.copying.add(task_id)
         return ev.Put(REPLICAS + task_id, list(nodes))
 
+    def copies_given_up(self, task_id: m.TaskId) -> None:
+        """A submission's record could not be written: its planned copies are not
+        being made (`copying` forgets it; it is no task here)."""
+        self.copying.discard(task_id)
+
     def replicas_chosen(
         self,
         task_id: m.TaskId,

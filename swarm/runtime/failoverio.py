@@ -166,6 +166,8 @@ class FailoverIO:
             except JournalError as e:
                 failed = e
         if failed is not None:
+            if not held:  # its copies never asked for (the write itself failed)
+                self.state.copies_given_up(spec.id)
             raise failed
         return held[0] if held else 0
 

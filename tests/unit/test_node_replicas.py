@@ -693,3 +693,13 @@ def test_a_submission_accepted_short_of_copies_is_copied_at_the_next_tick() -> N
     assert h.state.mine["t1"] == order[:1] and h.kv[REPLICAS + "t1"] == list(order[:1])
     assert h.state.strays["t1"] == frozenset(order[1:])
     assert _deliver(h, nodes) >= 1 and "t1" in nodes[order[0]].state.held
+
+
+def test_a_submission_whose_write_failed_is_not_kept_as_being_copied() -> None:
+    """Its copies were planned before its record's write, which failed: it never got
+    to choose them, and is no task here (runtime/failoverio.py add_with_copies)."""
+    h, _, _, _ = _cluster()
+    assert h.state.replicas_planned("t9", ("B",)) is not None
+    assert h.state.copying == {"t9"}
+    h.state.copies_given_up("t9")
+    assert h.state.copying == set()
