@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import model as m
+from ..cluster import handoff as h
 from ..cluster.succession import Succession
 from . import events as ev
 from .records import TaskRecords
@@ -136,6 +137,17 @@ class RestartDoubt:
         if target == self.node or not self.in_doubt_here(tid, now):
             return None
         return "its home restarted after its grace and is in doubt about it: it stays"
+
+    def move_refused(
+        self, r: h.MoveRequest, now: float, wall: float
+    ) -> tuple[h.Reply, list[ev.Instruction]] | None:
+        """The answer to a move refused (`move_refusal`), and a line in the task's
+        `swarm explain` here (before stop 54 only the runner's log said so)."""
+        why = self.move_refusal(r.task_id, r.target, now)
+        if why is None:
+            return None
+        note: dict[str, object] = {"outcome": f"move to {r.target} refused: {why}"}
+        return h.Reply(r.task_id, r.epoch, False, reason=why), [self.explain(r.task_id, note, wall)]
 
     def defer_in_doubt(self, tid: m.TaskId, wall: float) -> list[ev.Instruction]:
         """Placing `tid` waits for the doubt's end (failover ticks place it then)."""

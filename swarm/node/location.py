@@ -23,6 +23,7 @@ from .records import TaskRecords
 from .recovery import Handoffs
 
 S = m.TaskState
+_Answer = tuple[h.Reply, list[ev.Instruction]]  # a handoff request's reply, and what to do
 FINAL_STATES = {"succeeded": S.SUCCEEDED, "failed": S.FAILED, "cancelled": S.CANCELLED}
 
 
@@ -97,7 +98,7 @@ class Location:
         def hedge_ran(self, t: m.Task, seconds: float) -> None: ...
 
         def back_home(self, t: m.Task, now: float, wall: float) -> list[ev.Instruction]: ...
-        def move_refusal(self, tid: m.TaskId, target: m.NodeId, now: float) -> str | None: ...
+        def move_refused(self, r: h.MoveRequest, now: float, wall: float) -> _Answer | None: ...
 
         def array_element_ended(
             self, task: m.Task, now: float, wall: float
@@ -366,8 +367,8 @@ class Location:
         elif isinstance(r, h.Query):
             reply, outs = self.home.on_query(sender, r)
         elif isinstance(r, h.MoveRequest):
-            if (why := self.move_refusal(r.task_id, r.target, now)) is not None:  # doubt.py
-                return h.Reply(r.task_id, r.epoch, False, reason=why), []
+            if (refused := self.move_refused(r, now, wall)) is not None:  # doubt.py
+                return refused
             reply, outs = self.home.on_move_request(sender, r, now)
             t = self.records.active.get(r.task_id)
             if reply.ok and t is not None and t.state is S.QUEUED and r.target != self.node:

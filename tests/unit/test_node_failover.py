@@ -525,6 +525,7 @@ def test_a_move_on_to_another_node_is_refused_during_the_doubt() -> None:
     he = a.state.home.entries["t1"]
     assert (he.phase, he.where) == (h.HomePhase.REMOTE, "B")
     assert "t1" not in c.state.guest.entries and "t1" in b.state.guest.entries
+    assert "move to C refused" in a.state.explains["t1"][-1]["outcome"]
 
 
 def test_a_runner_holding_the_copy_of_a_task_it_ran_adopts_it_as_ended() -> None:
