@@ -547,7 +547,7 @@ def test_long_random_walks_keep_every_acknowledged_task() -> None:
     """Long seeded walks (hypothesis favours short runs): the same rules and invariants
     after every step, 150 walks of 400 steps (~4 s), nodes lost in some, and lost
     again after a return in some; the walks must reach the cases the invariants are
-    about. (Stop 54, at its end: 3,000 walks of 400 steps and 500 of 800 passed.)"""
+    about. (Stop 54, at its end: 2,000 walks of 400 steps and 1,100 of 800 passed.)"""
 
     def checks(mch: Copies) -> None:
         mch.acknowledged_tasks_survive_one_loss()
