@@ -128,24 +128,18 @@ class RestartDoubt:
             return self.defer_in_doubt(t.id, wall)
         return self.enqueue_local(t, now)
 
-    def move_refusal(self, tid: m.TaskId, target: m.NodeId, now: float) -> str | None:
-        """Why a move of our task on to another node is refused: we are in doubt about
-        it. The runner that asked may have adopted it since (the request was on its
-        way while we were down): before stop 53 the move went through, and the task
-        ran at its adopter and at the move's target (the copies walks). Back home is
-        taken, and waits (`back_home`)."""
-        if target == self.node or not self.in_doubt_here(tid, now):
-            return None
-        return "its home restarted after its grace and is in doubt about it: it stays"
-
     def move_refused(
         self, r: h.MoveRequest, now: float, wall: float
     ) -> tuple[h.Reply, list[ev.Instruction]] | None:
-        """The answer to a move refused (`move_refusal`), and a line in the task's
-        `swarm explain` here (before stop 54 only the runner's log said so)."""
-        why = self.move_refusal(r.task_id, r.target, now)
-        if why is None:
+        """A move of our task on to another node is refused while we are in doubt about
+        it: the refusal, and a line in its `swarm explain` here (before stop 54 only
+        the runner's log said so). The runner that asked may have adopted it since (the
+        request was on its way while we were down): before stop 53 the move went
+        through, and the task ran at its adopter and at the move's target (the copies
+        walks). Back home is taken, and waits (`back_home`)."""
+        if r.target == self.node or not self.in_doubt_here(r.task_id, now):
             return None
+        why = "its home restarted after its grace and is in doubt about it: it stays"
         note: dict[str, object] = {"outcome": f"move to {r.target} refused: {why}"}
         return h.Reply(r.task_id, r.epoch, False, reason=why), [self.explain(r.task_id, note, wall)]
 

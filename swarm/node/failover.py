@@ -219,6 +219,10 @@ class Failover:
                 succ.hold(tid, *w, _version(rec, w) if own else 0)
         for tid in have.keys() - want.keys():
             succ.release(tid)
+        active = self.records.active
+        for tid in self.adopted:  # one that ended keeps its record (for the notices)
+            if tid not in active:
+                succ.ended(tid)  # and needs no new replicas
 
     def _wants_all(self) -> dict[m.TaskId, _Want]:
         """`_wanted` of every task that has one, by passes over each collection."""
@@ -240,13 +244,10 @@ class Failover:
         # _home_want, inlined (a call per entry cost 1-3 ms a tick at 10,000, stop 47);
         # test_copies_stateful checks after every step that the two agree
         adopted, mine, done = self.adopted, self.mine, h.HomePhase.DONE
-        active = self.records.active
         for tid, he in self.handoffs.home.entries.items():
             if tid in adopted:
                 at = he.where if he.where not in ("", me) else me
                 want[tid] = (me, adopted[tid][1], at, mine.get(tid, ()))
-                if he.phase is done or tid not in active:
-                    self.succession.ended(tid)  # its record stays, for the notices
             elif he.phase is not done:
                 copies = mine.get(tid, ())
                 if copies or he.where not in ("", me):

@@ -40,7 +40,8 @@ from .records import TaskRecords
 
 
 def copied(spec: m.TaskSpec) -> bool:
-    """Is a task of this kind copied at all (runtime/localops.py: only a plain one)?"""
+    """Is a task of this kind copied at all? Only a plain one: runtime/localops.py
+    journals the others at their home alone (they need it)."""
     return not (spec.is_global or spec.after or spec.array or spec.gang is not None)
 
 
@@ -81,6 +82,7 @@ class CopiesTopUp:
         if k == 0:
             return []
         out: list[ev.Instruction] = []
+        topped = 0
         mine, adopted, doubted, me = self.mine, self.adopted, self.doubted, self.node
         for tid, t in self.records.active.items():
             have = mine.get(tid, ())
@@ -91,11 +93,11 @@ class CopiesTopUp:
             _, order = self.choose_replicas(tid, live, len(have))
             added = tuple(n for n in order if n not in have)[: k - len(have)]
             if added:
+                topped += 1
                 out += self.rereplicated(tid, (*have, *added))
                 strays = self.strays.get(tid, frozenset())
                 if strays & set(added):  # asked before, unanswered: a replica now
                     out += self._set_strays(tid, strays - set(added), durable=True)
-        if out:
-            n = sum(isinstance(i, ev.Persist) for i in out)
-            out.append(ev.log("info", "replica.topped_up", tasks=n))
+        if topped:
+            out.append(ev.log("info", "replica.topped_up", tasks=topped))
         return out

@@ -21,6 +21,7 @@ from .. import codec, request_checks, testbreak, wire
 from .. import model as m
 from ..logs import EventLog
 from ..node.backups import won_by
+from ..node.topup import copied
 from ..policy import feasible
 from ..policy.shares import ShareLedger
 from .api import Ops, PeerCred, RequestError
@@ -160,7 +161,7 @@ class LocalOps(ExplainOps, GroupOps):
             if spec.is_global:
                 await self.coord.globals_io.add(spec)
                 return {"id": spec.id, "global": True}
-            if spec.after or spec.array or spec.gang is not None:
+            if not copied(spec):
                 # waits for its parents (node/depends.py), then creates its elements
                 # (node/arrays.py) or its gang's rounds (node/gangs.py), all here: no
                 # copies elsewhere (an array or a gang needs its home)

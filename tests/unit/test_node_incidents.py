@@ -183,7 +183,9 @@ def test_journal_keys_round_trip_through_restore() -> None:
     assert fresh.guest.entries["k1"].epoch == b.state.guest.entries["k1"].epoch
 
 
-def test_tombstones_expire_by_wall_time_and_their_keys_go() -> None:
+def _ended_at_b() -> FakeNode:
+    """k2 of A's, run at B, ended (wall 100) and its report taken: B's guest entry
+    gone, tombstoned."""
     a, b = FakeNode("A"), FakeNode("B")
     net = FakeNet(a, b)
     a.submit(_spec("k2"))
@@ -192,7 +194,12 @@ def test_tombstones_expire_by_wall_time_and_their_keys_go() -> None:
     b.try_start("k2")
     b.finish("k2", wall=100.0)
     net.settle(now=1.0, wall=100.0)
-    assert "tomb:k2" in b.kv
+    assert "tomb:k2" in b.kv and "k2" not in b.state.guest.entries
+    return b
+
+
+def test_tombstones_expire_by_wall_time_and_their_keys_go() -> None:
+    b = _ended_at_b()
     b.run(b.state.tick(2.0, 100.0 + recovery.TOMB_TTL - 1))
     assert "tomb:k2" in b.kv
     b.run(b.state.tick(3.0, 100.0 + recovery.TOMB_TTL + 1))
@@ -203,15 +210,7 @@ def test_an_unchanged_tombstone_is_not_written_again() -> None:
     """Stop 54: each time a task's handoff keys were written again (a revoke resent
     to a node that is down, every backoff), its tombstone was rewritten, durably, as
     it was; once written, and read back after a restart, it is not."""
-    a, b = FakeNode("A"), FakeNode("B")
-    net = FakeNet(a, b)
-    a.submit(_spec("k2"))
-    _offer(net, a, "k2", "B")
-    net.settle()
-    b.try_start("k2")
-    b.finish("k2", wall=100.0)
-    net.settle(now=1.0, wall=100.0)
-    assert "tomb:k2" in b.kv and "k2" not in b.state.guest.entries
+    b = _ended_at_b()
     assert b.state.handoffs.persist_ops(["k2"], 200.0) == []
     fresh = NodeState("B", ledger=sh.ShareLedger())
     recovery.restore(b.kv, 200.0, fresh.handoffs, {}, fresh.gpus)
