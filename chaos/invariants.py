@@ -116,6 +116,12 @@ BACKUP_SOUND = "backup-only-idempotent-once-and-ended"
 # (kill, restart, lose), never cut off or frozen (an unreachable peer is up)
 COPIED = "copy-while-a-peer-is-up"
 COPY_MARGIN = 10.0  # seconds around a node's down span in which it is taken as down
+# stop 55: a task answered with no copy (`replicas: 0`: every peer down, or none
+# answering in time) whose home was then lost for good is excused as `lost-with-home`
+# only if no peer was surely up beside its home, for TOPUP_STRETCH s, between the answer
+# and the loss: by then the home's next failover tick had copied it (node/topup.py)
+COPIED_LATE = "copied-once-a-peer-is-back"
+TOPUP_STRETCH = 5.0  # seconds: a failover tick (1 s) and the copy's round trip, with room
 
 ALL = (ACKED, ONE_RESULT, EXECUTED, DRAIN, RESERVE, MEMBERSHIP, NO_CRASH, INTEGRITY)
 
@@ -1684,6 +1690,65 @@ def check_late_binding(
         "never_ran": len(held) - len(runs),
     }
     return out, figures
+
+
+def _up_stretches(
+    start: float, end: float, downs: Iterable[FaultWindow], nodes: frozenset[str]
+) -> list[tuple[float, float]]:
+    """The parts of [start, end] in which none of `nodes` was within COPY_MARGIN of one
+    of its down spans (`downs`: kills, restarts, losses)."""
+    cuts = sorted((w.start - COPY_MARGIN, w.end + COPY_MARGIN) for w in downs if w.nodes & nodes)
+    out, at = [], start
+    for a, b in cuts:
+        if a > at:
+            out.append((at, min(a, end)))
+        at = max(at, b)
+        if at >= end:
+            break
+    if at < end:
+        out.append((at, end))
+    return [(a, b) for a, b in out if b > a]
+
+
+def check_copied_late(
+    acked: Iterable[Acked],
+    with_home: Iterable[str],
+    windows: Iterable[FaultWindow],
+    nodes: Sequence[str],
+) -> tuple[list[Violation], int]:
+    """A task lost with its home lost for good (`lost-with-home`: at that home, no copy
+    anywhere) that was answered with no copy is a violation if one of the home's peers
+    was surely up, with the home, for TOPUP_STRETCH s between the answer and the loss:
+    the home's top-up (node/topup.py) copies such a task at its next failover tick.
+    Clusters of 3 or more, as `check_copies`; answers without the field (arrays,
+    gangs, --after: never copied) are not judged. Returns the violations and how many
+    lost tasks were judged."""
+    downs = [w for w in windows if w.kind in ("kill", "restart", "lose")]
+    losses = {n: w.start for w in downs if w.kind == "lose" for n in w.nodes}
+    lost = set(with_home)
+    out: list[Violation] = []
+    judged = 0
+    if len(nodes) < 3:
+        return out, judged
+    for a in acked:
+        if a.id not in lost or a.copies != 0 or a.home not in losses:
+            continue
+        judged += 1
+        loss = losses[a.home]
+        for peer in nodes:
+            if peer == a.home:
+                continue
+            both = frozenset({a.home, peer})
+            up = [s for s in _up_stretches(a.at, loss, downs, both) if s[1] - s[0] >= TOPUP_STRETCH]
+            if up:
+                detail = (
+                    f"task {a.id}: answered with no copy at {a.home}, lost with it at "
+                    f"{loss:.1f}, though {peer} was up beside it from {up[0][0]:.1f} to "
+                    f"{up[0][1]:.1f}: never copied there"
+                )
+                out.append(Violation(COPIED_LATE, a.home, detail))
+                break
+    return out, judged
 
 
 def check_copies(

@@ -501,7 +501,7 @@ class Runner:
             )
         if self.sc.priorities:
             violations += self._priority_checks(cl, journals, specs)
-        violations += self._issue19_checks(cl, journals, acked)
+        violations += self._issue19_checks(cl, journals, acked, outcome.with_home)
         if self.sc.gangs:
             violations += self._gang_checks(journals, acked)
         if self.sc.groups:
@@ -600,7 +600,11 @@ class Runner:
         return out
 
     def _issue19_checks(
-        self, cl: ChaosCluster, journals: Mapping[str, JournalData], acked: list[inv.Acked]
+        self,
+        cl: ChaosCluster,
+        journals: Mapping[str, JournalData],
+        acked: list[inv.Acked],
+        with_home: Sequence[str] = (),
     ) -> list[inv.Violation]:
         """Every scenario: --at-most-once tasks never overlap, every execution is in a
         journal, an obeyed cancel ends cancelled; restart scenarios: nothing ran twice."""
@@ -620,9 +624,15 @@ class Runner:
             out += inv.check_old_home_waits(execs, journals, windows, home_grace(self.sc))
             copied, fc = inv.check_copies(acked, windows, [a.name for a in cl.agents])
             out += copied
+            late, judged = inv.check_copied_late(
+                acked, with_home, windows, [a.name for a in cl.agents]
+            )
+            out += late
             res.notes.append(
                 f"copies: {fc['answers']} answers said how many copies, {fc['checked']} "
-                f"while a peer of the home was surely up, {fc['copied']} of those copied"
+                f"while a peer of the home was surely up, {fc['copied']} of those copied; "
+                f"{judged} lost with their home answered with none, judged by "
+                f"`{inv.COPIED_LATE}`"
             )
         out += inv.check_reruns_recorded(acked, execs, journals)
         fenced = sum(

@@ -799,3 +799,36 @@ def test_a_submission_is_copied_while_a_peer_of_its_home_is_up() -> None:
     )
     # two nodes: no copy is wanted
     assert inv.check_copies([acked("t5", 55.0, 0)], [], ["n1", "n2"])[0] == []
+
+
+def test_a_task_lost_with_its_home_is_excused_only_if_no_peer_was_back_in_time() -> None:
+    """Stop 55 (`copied-once-a-peer-is-back`): a task answered with no copy and lost
+    with its home is a violation when a peer was surely up beside the home for
+    TOPUP_STRETCH s between the answer and the loss (node/topup.py copies it at the
+    next tick); excused when the peers came back too late, or the home was down."""
+    nodes = ["n1", "n2", "n3"]
+    t0 = 1000.0
+    # both peers of n1 killed 0-40 s; n1 lost for good at 100 s
+    peers = inv.FaultWindow("kill", frozenset({"n2", "n3"}), t0, t0 + 40.0)
+    lose = inv.FaultWindow("lose", frozenset({"n1"}), t0 + 100.0, t0 + 400.0)
+
+    def acked(tid: str, copies: int | None = 0, home: str = "n1") -> inv.Acked:
+        return inv.Acked(tid, home, at=t0 + 20.0, copies=copies)
+
+    # the peers were up 50-90 s (outside the margins): the copy was owed
+    out, judged = inv.check_copied_late([acked("t1")], ["t1"], [peers, lose], nodes)
+    assert [v.invariant for v in out] == [inv.COPIED_LATE] and judged == 1
+    assert "n2 was up beside it from 1050.0 to 1090.0" in out[0].detail
+    # the peers back at 88 s: within the loss's margin, never surely up together
+    late = inv.FaultWindow("kill", frozenset({"n2", "n3"}), t0, t0 + 88.0)
+    assert inv.check_copied_late([acked("t1")], ["t1"], [late, lose], nodes) == ([], 1)
+    # the peers up, but the home itself killed 45-78 s: 88-90 s left, too short
+    home = inv.FaultWindow("kill", frozenset({"n1"}), t0 + 45.0, t0 + 78.0)
+    out, _ = inv.check_copied_late([acked("t1")], ["t1"], [peers, home, lose], nodes)
+    assert out == []
+    # not judged: answered with a copy, or without the field (an array), or not lost,
+    # or on two nodes
+    assert inv.check_copied_late([acked("t2", 1)], ["t2"], [peers, lose], nodes) == ([], 0)
+    assert inv.check_copied_late([acked("t3", None)], ["t3"], [peers, lose], nodes) == ([], 0)
+    assert inv.check_copied_late([acked("t4")], [], [peers, lose], nodes) == ([], 0)
+    assert inv.check_copied_late([acked("t5")], ["t5"], [peers, lose], nodes[:2]) == ([], 0)
