@@ -246,3 +246,4 @@ class Agent:
             self.isolation.stop()
             self.notifier.close()
             self.log.info("agent.stopped")
+            self.signals.quiet()  # before trio's teardown closes its signal wakeup fd

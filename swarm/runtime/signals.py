@@ -1,7 +1,8 @@
 """The agent's signals: SIGTERM/SIGINT stop it, SIGHUP re-reads the cluster key file.
 
-Two halves: `catch_outside()` before trio's receiver is installed (start-up) and
-after it is gone (the end of shutdown), and `run()` while the agent runs.
+Three parts: `catch_outside()` before trio's receiver is installed (start-up) and
+after it is gone (the end of shutdown), `run()` while the agent runs, and `quiet()`
+once it has stopped, before trio's own teardown.
 """
 
 from __future__ import annotations
@@ -33,6 +34,21 @@ class Signals:
         try:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, remember)
+        except ValueError:  # not the main thread (an agent inside a test): nothing to do
+            pass
+
+    def quiet(self) -> None:
+        """Stop signals are ignored from here on, by the kernel: the agent has stopped
+        (the end of `Agent.run`). trio's teardown closes the socket pair its signal
+        wakeup fd names before it unsets that fd, and a SIGTERM in between (a second
+        `kill`, a supervisor's retry) had Python write to the closed pair: "Exception
+        ignored when trying to write to the signal wakeup fd" and a traceback on
+        stderr, once per signal (chaos smoke's `no-crash-or-traceback` caught it at a
+        `make test`; a storm of them once held the process in that close, stop 55).
+        An ignored signal never reaches Python's handler, so nothing is written."""
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)
         except ValueError:  # not the main thread (an agent inside a test): nothing to do
             pass
 
