@@ -720,12 +720,19 @@ class GuestSide:
         return self._remove(task_id)
 
     def on_offer(
-        self, sender: NodeId, o: Offer, now: float, refusal: str | None
+        self, sender: NodeId, o: Offer, now: float, refusal: str | None, ended: Report | None = None
     ) -> tuple[Reply, GuestEntry | None]:
-        """Answer an offer. When accepting, the caller journals the returned entry first."""
+        """Answer an offer. When accepting, the caller journals the returned entry first.
+        `ended`: how this node's own run of the task ended, from its record, if it did
+        (its entry may be gone: the old home took the end, then died)."""
         if self.tombstones.get(o.task_id, -1) >= o.epoch:
             return Reply(o.task_id, o.epoch, False, reason="stale offer (already dropped)"), None
         e = self.entries.get(o.task_id)
+        if e is None and ended is not None and ended.final and ended.state != "fenced":
+            # its run ended here and its old home took the end; an adopter that never
+            # heard of it (its copy came late, stop 55: walk seed 81644) offers it again:
+            # answered with that end, as below, not run a second time
+            return self._taken_with_end(sender, o, ended, now)
         if e is not None:
             if e.epoch == o.epoch:
                 return Reply(o.task_id, o.epoch, True), None  # duplicate offer
@@ -740,11 +747,7 @@ class GuestSide:
                 # its run ended here, the end not yet taken (its home died; this is an
                 # adopter's offer): taken, and answered with that end, not run again.
                 # Before stop 54 the run was forgotten and the task ran a second time
-                e = GuestEntry(o.task_id, sender, o.epoch, o.spec, GuestPhase.FINISHED, now)
-                e.next_at, e.tries = now + PENDING_QUERY_AFTER, 1  # sent on its commit
-                e.report = attrs.evolve(end, epoch=o.epoch)
-                self.entries[o.task_id] = e
-                return Reply(o.task_id, o.epoch, True), e
+                return self._taken_with_end(sender, o, end, now)
         if refusal is not None:
             return Reply(o.task_id, o.epoch, False, reason=refusal), None
         e = GuestEntry(
@@ -755,6 +758,17 @@ class GuestSide:
             since=now,
             next_at=now + PENDING_QUERY_AFTER,
         )
+        self.entries[o.task_id] = e
+        return Reply(o.task_id, o.epoch, True), e
+
+    def _taken_with_end(
+        self, sender: NodeId, o: Offer, end: Report, now: float
+    ) -> tuple[Reply, GuestEntry]:
+        """Take an offer of a task whose run here ended: nothing runs, the end is the
+        report sent on its commit (docs/handoff.md rule 8)."""
+        e = GuestEntry(o.task_id, sender, o.epoch, o.spec, GuestPhase.FINISHED, now)
+        e.next_at, e.tries = now + PENDING_QUERY_AFTER, 1  # sent on its commit
+        e.report = attrs.evolve(end, epoch=o.epoch)
         self.entries[o.task_id] = e
         return Reply(o.task_id, o.epoch, True), e
 

@@ -340,7 +340,7 @@ class Location:
         """A peer's handoff request. `refusal`: why this node would not take an offered
         task (admission with fresh local usage, which the runtime measures)."""
         if isinstance(r, h.Offer):
-            reply, entry = self.guest.on_offer(sender, r, now, refusal)
+            reply, entry = self.guest.on_offer(sender, r, now, refusal, own_end(self, r.task_id))
             if reply.ok:  # on our reports' clock: the first report after counts it
                 reply = attrs.evolve(reply, at=max(int(wall * 1000), self.version))
             if entry is not None:
@@ -427,3 +427,24 @@ class Location:
             )
         self.awaiting_offer.add(tid)
         return None, out + self.apply(self.home.offer(t.spec, target, now), [tid], now, wall)
+
+
+def own_end(loc: Location, tid: m.TaskId) -> h.Report | None:
+    """How this node's own run of another home's task ended, from its record (None: it
+    did not run here, or has not ended, or was lost). A LOST run is no end: the task
+    may run again."""
+    t = loc.records.get_cached(tid)
+    if t is None or t.node != loc.node or t.spec.home == loc.node or t.spec.is_global:
+        return None
+    if t.state not in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
+        return None
+    return h.Report(
+        tid,
+        0,
+        t.state.value,
+        exit_code=t.exit_code,
+        signal=t.signal,
+        reason=t.reason,
+        at=t.finished_at or 0.0,
+        started=t.started_at or 0.0,
+    )

@@ -567,6 +567,20 @@ def test_long_random_walks_keep_every_acknowledged_task() -> None:
     assert set(seen) == set(SEEN) and all(v >= 20 for v in seen.values()), seen
 
 
+def test_a_copy_that_comes_after_its_tasks_end_does_not_run_it_again() -> None:
+    """Stop 55, walk seed 81644: a copy reached two nodes after the task had run at one
+    of them and its home had taken the end; the home died, the other node adopted the
+    task from its copy and offered it to the node that ran it, which ran it again (its
+    guest entry was gone with the end taken). Now that node answers with the end its
+    record holds (cluster/handoff.py `on_offer`'s `ended`; node/location.py `own_end`)."""
+    rng, mch = random.Random(81644), Copies()
+    for _ in range(400):
+        _step(mch, rng)
+        mch.acknowledged_tasks_survive_one_loss()
+        mch.a_task_runs_once_unless_its_run_was_lost()
+    mch.teardown()
+
+
 def _step(mch: Copies, rng: random.Random) -> None:
     n = rng.choice(NAMES)
     live = mch._live()

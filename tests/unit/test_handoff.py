@@ -431,3 +431,30 @@ def test_a_later_homes_offer_of_a_task_that_ended_here_is_answered_with_its_end(
     f.finished(h.Report("t1", 1, "fenced"), 0.5)
     reply, entry = f.on_offer("B", later, 9.0, None)
     assert reply.ok and entry is not None and entry.phase is h.GuestPhase.PENDING
+
+
+def test_an_offer_of_a_task_whose_run_here_ended_and_was_taken_is_answered_with_its_end() -> None:
+    """Stop 55 (copies walk seed 81644): the run ended here and its old home took the
+    end (the entry is gone, tombstoned), then died; an adopter whose copy came late
+    never heard of the end and offered the task again, and it ran a second time. Now
+    the offer is taken with the end the caller read from its record (`ended`); without
+    one, or with a fenced one, the offer is a new run."""
+    g = h.GuestSide("A")
+    g.on_offer("H", h.Offer("t1", 1, SPEC), 0.0, None)
+    g.on_commit(h.Commit("t1", 1), 0.1)
+    g.started("t1", 0.2)
+    g.finished(h.Report("t1", 1, "succeeded", exit_code=0, at=0.5), 0.5)
+    done = h.Report("t1", 1, "succeeded", exit_code=0, at=0.5)
+    g.on_reply("H", done, h.Reply("t1", 1, True), 0.6)
+    assert "t1" not in g.entries and g.tombstones["t1"] == 1  # the end was taken
+    later = h.Offer("t1", 2 << 32, attrs.evolve(SPEC, home="B"))
+    own = h.Report("t1", 0, "succeeded", exit_code=0, at=0.5)
+    reply, entry = g.on_offer("B", later, 9.0, "full", own)  # no room needed: it ran
+    assert reply.ok and entry is not None and entry.phase is h.GuestPhase.FINISHED
+    assert entry.report == attrs.evolve(own, epoch=later.epoch) and not g.may_run("t1")
+    _, outs = g.on_commit(h.Commit("t1", later.epoch), 9.2)
+    assert outs == [h.Send("B", entry.report)]  # no RunNow
+    for ended in (None, h.Report("t1", 0, "fenced")):
+        f = h.GuestSide("A")
+        reply, entry = f.on_offer("B", later, 9.0, None, ended)
+        assert reply.ok and entry is not None and entry.phase is h.GuestPhase.PENDING
