@@ -604,7 +604,7 @@ class Runner:
         cl: ChaosCluster,
         journals: Mapping[str, JournalData],
         acked: list[inv.Acked],
-        with_home: Sequence[str] = (),
+        with_home: Sequence[str],
     ) -> list[inv.Violation]:
         """Every scenario: --at-most-once tasks never overlap, every execution is in a
         journal, an obeyed cancel ends cancelled; restart scenarios: nothing ran twice."""

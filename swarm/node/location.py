@@ -19,6 +19,7 @@ from ..cluster import handoff as h
 from ..policy import shares as sh
 from ..policy.charges import Charges
 from . import events as ev
+from .fencing import FENCED
 from .records import TaskRecords
 from .recovery import Handoffs
 
@@ -438,13 +439,20 @@ def own_end(loc: Location, tid: m.TaskId) -> h.Report | None:
         return None
     if t.state not in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
         return None
+    return end_report(t, t.finished_at or 0.0)
+
+
+def end_report(t: m.Task, at: float) -> h.Report:
+    """A guest's final report of its run of `t`, as its record ended (a run its lease
+    fenced reports `fenced`: no end, node/fencing.py)."""
+    fenced = t.state is S.LOST and t.reason.startswith(FENCED)
     return h.Report(
-        tid,
+        t.id,
         0,
-        t.state.value,
+        "fenced" if fenced else t.state.value,
         exit_code=t.exit_code,
         signal=t.signal,
         reason=t.reason,
-        at=t.finished_at or 0.0,
+        at=at,
         started=t.started_at or 0.0,
     )

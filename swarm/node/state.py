@@ -43,10 +43,10 @@ from .copyasks import CopyAsks
 from .depends import Depends
 from .doubt import RestartDoubt
 from .failover import Failover
-from .fencing import FENCE_TTL, FENCED, Fencing, RunnerLease
+from .fencing import FENCE_TTL, Fencing, RunnerLease
 from .gangs import Gangs
 from .loadstate import LoadState, unmeasured
-from .location import Location
+from .location import Location, end_report
 from .placing import Job, Placing
 from .records import TaskRecords
 from .recovery import Handoffs
@@ -373,18 +373,7 @@ class NodeState(
             self.hedge_ran(task, (task.finished_at or wall) - task.started_at)
         self.fence_leases.pop(task.id, None)
         if task.spec.home != self.node and not task.spec.is_global:
-            fenced = task.state is S.LOST and task.reason.startswith(FENCED)
-            rep = h.Report(
-                task.id,
-                0,
-                "fenced" if fenced else task.state.value,
-                exit_code=task.exit_code,
-                signal=task.signal,
-                reason=task.reason,
-                at=wall,
-                started=task.started_at or 0.0,
-            )
-            outs = self.guest.finished(rep, now)
+            outs = self.guest.finished(end_report(task, wall), now)
             out.append(ev.Later(tuple(self.apply(outs, [task.id], now, wall))))
         return out
 
